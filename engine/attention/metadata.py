@@ -1,0 +1,65 @@
+"""What attention needs to know about one forward step, built once per step by the runner.
+
+Tokens of all sequences in a step are flattened into one [T, ...] batch. For
+attention each sequence's queries are laid out in a padded [B, Q] grid and its
+context (cached prefix plus this step's tokens) in a padded [B, L] grid of
+cache slots. Padding positions point at a valid slot and are masked out, so
+they are never written and never affect a result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] cache slot for each new token
+    query_index: torch.Tensor  # [B, Q] flat token index of each query (pads -> 0)
+    output_index: torch.Tensor  # [T] position in the flattened [B*Q] grid of each token
+    context_slots: torch.Tensor  # [B, L] cache slots of each sequence's context
+    mask: torch.Tensor | None  # [B, 1, Q, L] True where a query may attend; None = all
+    is_causal_single: bool  # one sequence, no cached prefix: plain causal attention
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: list[int],
+        context_lens: list[int],
+        slot_mapping: torch.Tensor,
+        context_slots: list[torch.Tensor],
+        device: torch.device,
+    ) -> AttentionMetadata:
+        """`context_lens[b]` counts the sequence's tokens up to and including this step's."""
+        batch = len(query_lens)
+        max_q = max(query_lens)
+        max_l = max(context_lens)
+        query_index = torch.zeros(batch, max_q, dtype=torch.long)
+        query_pos = torch.zeros(batch, max_q, dtype=torch.long)
+        output_index = torch.empty(sum(query_lens), dtype=torch.long)
+        slots = torch.zeros(batch, max_l, dtype=torch.long)
+        start = 0
+        for b, (q_len, ctx_len) in enumerate(zip(query_lens, context_lens, strict=True)):
+            query_index[b, :q_len] = torch.arange(start, start + q_len)
+            query_pos[b, :q_len] = torch.arange(ctx_len - q_len, ctx_len)
+            output_index[start : start + q_len] = torch.arange(b * max_q, b * max_q + q_len)
+            slots[b, :ctx_len] = context_slots[b]
+            start += q_len
+        is_causal_single = batch == 1 and context_lens[0] == query_lens[0]
+        mask = None
+        if not is_causal_single and not (batch == 1 and max_q == 1):
+            # A query at absolute position p attends to context positions <= p.
+            # Pad rows have p = 0, so they see slot position 0 and never a NaN row.
+            positions = torch.arange(max_l)
+            mask = (positions[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
+            mask = mask.to(device)
+        return cls(
+            slot_mapping=slot_mapping.to(device),
+            query_index=query_index.to(device),
+            output_index=output_index.to(device),
+            context_slots=slots.to(device),
+            mask=mask,
+            is_causal_single=is_causal_single,
+        )

@@ -1,0 +1,326 @@
+"""LLMEngine: requests in, one scheduled forward step at a time, outputs out.
+
+This is the synchronous core. `LLM` drives it to completion for a list of
+prompts; the serving layer's async engine drives the same `step()` in a loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+from engine.attention.torch_backend import get_backend
+from engine.config import DEFAULT_CPU_KV_GIB, EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import EngineError, KVCapacityError, PromptTooLongError
+from engine.kv.pages import PageAllocator
+from engine.kv.pool import PagedKVPool
+from engine.kv.sizing import KVLayout, kv_bytes_per_token
+from engine.loader import load_model
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.runner import ModelRunner
+from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledSequence, Scheduler
+from engine.sequence import Sequence, TokenLogprob
+
+log = logging.getLogger(__name__)
+GIB = 1024**3
+
+
+def resolve_dtype(name: str, config_dtype: str | None, device: torch.device) -> torch.dtype:
+    if name == "float32":
+        return torch.float32
+    if name == "bfloat16":
+        return torch.bfloat16
+    if config_dtype in ("float32", "torch.float32"):
+        return torch.float32
+    return torch.bfloat16
+
+
+def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> str:
+    if name == "auto":
+        return "float32" if model_dtype == torch.float32 else "bf16"
+    return name
+
+
+def _eos_ids(model_dir: Path, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    gen_config = model_dir / "generation_config.json"
+    if gen_config.is_file():
+        value = json.loads(gen_config.read_text()).get("eos_token_id")
+        ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        from engine.model_store import resolve_model
+
+        self.config = config
+        self.model_dir = resolve_model(config.model)
+        self.device = torch.device(
+            config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        )
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        from engine.model_config import load_config
+
+        model_cfg = load_config(self.model_dir)
+        self.dtype = resolve_dtype(config.dtype, model_cfg.torch_dtype_name, self.device)
+        self.model, self.model_config, ckpt_scales = load_model(
+            self.model_dir, self.dtype, self.device
+        )
+        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
+        self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        if self.max_model_len > self.model_config.max_position_embeddings:
+            raise EngineError(
+                f"max_model_len {self.max_model_len} exceeds the model's "
+                f"max_position_embeddings {self.model_config.max_position_embeddings}"
+            )
+        self.layout = KVLayout(
+            num_layers=self.model_config.num_layers,
+            kind="gqa",
+            num_kv_heads=self.model_config.num_kv_heads,
+            head_dim=self.model_config.head_dim,
+        )
+        self.pool = self._build_pool(ckpt_scales)
+        self.allocator = PageAllocator(self.pool.num_pages)
+        self.scheduler = Scheduler(
+            self.allocator, config.page_size, config.max_num_seqs, config.max_num_batched_tokens
+        )
+        self.runner = ModelRunner(
+            self.model,
+            self.pool,
+            get_backend(config.attention_backend),
+            config.page_size,
+            self.device,
+        )
+        self.sampler = Sampler(config.seed)
+        self.eos_token_ids = _eos_ids(self.model_dir, self.tokenizer)
+        self._requests: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+
+    # ----- set-up -------------------------------------------------------------
+    def _kv_budget_bytes(self, per_token: int) -> int:
+        if self.config.kv_memory_gib is not None:
+            return int(self.config.kv_memory_gib * GIB)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * 0.85)
+        # Enough for the default CPU budget, and always for one full-length sequence.
+        return max(int(DEFAULT_CPU_KV_GIB * GIB), 2 * self.max_model_len * per_token)
+
+    def _build_pool(self, ckpt_scales) -> PagedKVPool:
+        page = self.config.page_size
+        per_token = kv_bytes_per_token(self.layout, self.kv_dtype)
+        budget = self._kv_budget_bytes(per_token)
+        num_pages = budget // (per_token * page)
+        capacity = num_pages * page
+        if capacity < self.max_model_len:
+            raise KVCapacityError(
+                f"the KV budget of {budget / GIB:.3f} GiB holds {capacity} tokens "
+                f"({per_token} bytes/token in {self.kv_dtype}), less than one sequence of "
+                f"max_model_len={self.max_model_len}; raise --kv-memory to at least "
+                f"{self.max_model_len * per_token / GIB:.3f} GiB or lower --max-model-len"
+            )
+        pool = PagedKVPool(self.layout, num_pages, page, self.kv_dtype, self.device)
+        if self.config.kv_scales_file:
+            data = json.loads(Path(self.config.kv_scales_file).read_text())
+            pool.set_scales(torch.tensor(data["k"]), torch.tensor(data["v"]), "file")
+        elif ckpt_scales is not None:
+            pool.set_scales(*ckpt_scales, source="checkpoint")
+        log.info(
+            "KV cache: %s, %d pages of %d tokens = %d tokens, %.3f GiB, scales from %s",
+            self.kv_dtype,
+            num_pages,
+            page,
+            capacity,
+            pool.nbytes / GIB,
+            pool.scale_source,
+        )
+        return pool
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.pool.capacity_tokens
+
+    # ----- requests -----------------------------------------------------------
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        ids = [int(t) for t in prompt]
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise EngineError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
+        return ids
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        max_chunk: int | None = None,
+        collect_logits: bool = False,
+    ) -> Sequence:
+        params = params or SamplingParams()
+        ids = self.encode_prompt(prompt)
+        if not ids:
+            raise EngineError("the prompt is empty; give at least one token")
+        if len(ids) >= self.max_model_len:
+            raise PromptTooLongError(
+                f"the prompt has {len(ids)} tokens but the context holds {self.max_model_len} "
+                "(prompt plus at least one generated token); shorten the prompt"
+            )
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._requests:
+            raise EngineError(f"request id {request_id!r} is already in use")
+        seq = Sequence(
+            request_id=request_id,
+            prompt_token_ids=ids,
+            params=params,
+            prompt_text=prompt if isinstance(prompt, str) else None,
+            max_chunk=max_chunk,
+            collect_logits=collect_logits,
+            detok=IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens),
+        )
+        if params.seed is not None:
+            seq.generator = torch.Generator().manual_seed(params.seed)
+        self._requests[request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, request_id: str) -> None:
+        seq = self._requests.pop(request_id, None)
+        if seq is not None and not seq.is_finished:
+            self.scheduler.finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ----- stepping -----------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        want = {i for i, item in enumerate(batch) if self._wants_chunk_logits(item)}
+        out = self.runner.run(batch, want)
+        for index, logits in out.chunk_logits.items():
+            self._record_prompt_logits(batch[index], logits)
+        sampled = {}
+        if out.sample_rows:
+            seqs = [batch[i].seq for i in out.sample_rows]
+            sampled = dict(
+                zip(out.sample_rows, self.sampler.sample(out.sample_logits, seqs), strict=True)
+            )
+        outputs = []
+        for index, item in enumerate(batch):
+            seq = item.seq
+            seq.num_computed_tokens += item.num_tokens
+            if index in sampled:
+                token, info = sampled[index]
+                self._append_token(seq, token, info)
+                outputs.append(self._make_output(seq))
+        return outputs
+
+    def _wants_chunk_logits(self, item: ScheduledSequence) -> bool:
+        seq = item.seq
+        in_prompt = seq.num_computed_tokens < len(seq.prompt_token_ids)
+        return in_prompt and (seq.params.prompt_logprobs is not None or seq.collect_logits)
+
+    def _record_prompt_logits(self, item: ScheduledSequence, logits: torch.Tensor) -> None:
+        seq = item.seq
+        start = seq.num_computed_tokens
+        if seq.collect_logits:
+            seq.collected_logits.append(logits.cpu())
+        if seq.params.prompt_logprobs is None:
+            return
+        if start == 0:
+            seq.prompt_logprobs.append(None)  # nothing predicts the first token
+        logprobs = torch.log_softmax(logits, -1)
+        prompt = seq.prompt_token_ids
+        top_n = seq.params.prompt_logprobs
+        for j in range(logprobs.shape[0]):
+            target = start + j + 1
+            if target < len(prompt):
+                token = prompt[target]
+                top = {}
+                if top_n:
+                    values, ids = torch.topk(logprobs[j], top_n)
+                    top = dict(zip(ids.tolist(), values.tolist(), strict=True))
+                seq.prompt_logprobs.append(TokenLogprob(token, float(logprobs[j, token]), top))
+
+    def _append_token(self, seq: Sequence, token: int, info: TokenLogprob | None) -> None:
+        seq.output_token_ids.append(token)
+        if info is not None:
+            seq.logprobs.append(info)
+        params = seq.params
+        if token in params.stop_token_ids or (
+            token in self.eos_token_ids and not params.ignore_eos
+        ):
+            seq.text += seq.detok.flush()
+            seq.stop_reason = token if token in params.stop_token_ids else None
+            self.scheduler.finish(seq, "stop")
+        else:
+            seq.text += seq.detok.add(token)
+            if self._check_stop_strings(seq):
+                return
+            if (
+                len(seq.output_token_ids) >= params.max_tokens
+                or seq.num_tokens >= self.max_model_len
+            ):
+                seq.text += seq.detok.flush()
+                if not self._check_stop_strings(seq):
+                    self.scheduler.finish(seq, "length")
+
+    def _check_stop_strings(self, seq: Sequence) -> bool:
+        for stop in seq.params.stop:
+            # Only the tail can hold a new match: the old text was checked before.
+            window_start = max(0, seq.emitted_text_len - len(stop))
+            found = seq.text.find(stop, window_start)
+            if found >= 0:
+                cut = found + len(stop) if seq.params.include_stop_str_in_output else found
+                seq.text = seq.text[:cut]
+                seq.stop_reason = stop
+                self.scheduler.finish(seq, "stop")
+                return True
+        return False
+
+    def _make_output(self, seq: Sequence) -> RequestOutput:
+        finished = seq.is_finished
+        text = seq.text
+        if not finished and seq.params.stop:
+            # Hold back a tail that could be the start of a stop string.
+            hold = max(len(s) for s in seq.params.stop) - 1
+            text = text[: max(seq.emitted_text_len, len(text) - hold)]
+        delta_text = text[seq.emitted_text_len :]
+        seq.emitted_text_len = len(text)
+        delta_ids = seq.output_token_ids[seq.emitted_token_len :]
+        seq.emitted_token_len = len(seq.output_token_ids)
+        if finished:
+            self._requests.pop(seq.request_id, None)
+        completion = CompletionOutput(
+            index=0,
+            text=text,
+            token_ids=list(seq.output_token_ids),
+            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            delta_text=delta_text,
+            delta_token_ids=delta_ids,
+        )
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=seq.prompt_text,
+            prompt_token_ids=seq.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            prompt_logprobs=seq.prompt_logprobs if seq.params.prompt_logprobs is not None else None,
+        )

@@ -1,0 +1,46 @@
+"""KV bytes per token and pool capacity: one formula for the engine and the planner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KV_DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8_e4m3": 1, "float32": 4}
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What one token costs in the cache for one model.
+
+    GQA stores K and V for every KV head; MLA stores one latent row per token
+    (kv_lora_rank + rope dims) that serves as both K and V.
+    """
+
+    num_layers: int
+    kind: str  # "gqa" or "mla"
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    latent_dim: int = 0  # MLA: kv_lora_rank + qk_rope_head_dim
+
+    @property
+    def values_per_token(self) -> int:
+        if self.kind == "mla":
+            return self.num_layers * self.latent_dim
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+
+def kv_bytes_per_token(layout: KVLayout, kv_dtype: str, tp: int = 1) -> int:
+    """Bytes one token occupies on one GPU (GQA heads split across TP ranks; MLA replicates)."""
+    if kv_dtype not in KV_DTYPE_BYTES:
+        raise ValueError(f"unknown KV dtype {kv_dtype!r}; use one of {sorted(KV_DTYPE_BYTES)}")
+    element = KV_DTYPE_BYTES[kv_dtype]
+    if layout.kind == "mla":
+        return layout.values_per_token * element
+    heads_per_rank = max(1, -(-layout.num_kv_heads // tp))
+    return 2 * layout.num_layers * heads_per_rank * layout.head_dim * element
+
+
+def capacity_tokens(budget_bytes: int, layout: KVLayout, kv_dtype: str, page_size: int) -> int:
+    """Whole pages that fit the budget, in tokens."""
+    per_token = kv_bytes_per_token(layout, kv_dtype)
+    pages = budget_bytes // (per_token * page_size)
+    return int(pages) * page_size

@@ -1,0 +1,99 @@
+"""Loads a model folder: config.json plus safetensors weights, single-file or sharded."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.errors import CheckpointError
+from engine.model_config import ModelConfig, load_config
+from engine.models import model_class
+
+log = logging.getLogger(__name__)
+
+SINGLE_FILE = "model.safetensors"
+SHARD_INDEX = "model.safetensors.index.json"
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The safetensors files a folder's weights live in, checked to exist."""
+    index_file = model_dir / SHARD_INDEX
+    if index_file.is_file():
+        try:
+            weight_map = json.loads(index_file.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as err:
+            raise CheckpointError(f"{index_file} is not a valid shard index: {err}") from None
+        files = sorted({model_dir / name for name in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(
+                f"{model_dir}: shard(s) {', '.join(missing)} listed in {SHARD_INDEX} are "
+                "missing; copy the whole checkpoint folder"
+            )
+        return files
+    single = model_dir / SINGLE_FILE
+    if single.is_file():
+        return [single]
+    found = sorted(model_dir.glob("*.safetensors"))
+    if found:
+        return found
+    raise CheckpointError(
+        f"{model_dir} has no safetensors weights ({SINGLE_FILE} or {SHARD_INDEX}); "
+        "only safetensors and .gguf checkpoints are read"
+    )
+
+
+def iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for name in handle.keys():
+                    yield name, handle.get_tensor(name)
+        except (OSError, RuntimeError, ValueError) as err:
+            if isinstance(err, CheckpointError):
+                raise
+            raise CheckpointError(f"{file} cannot be read as safetensors: {err}") from None
+
+
+def kv_scales_from_checkpoint(tensors: dict[str, torch.Tensor], num_layers: int):
+    """Per-layer K/V scales (`...layers.N.self_attn.k_scale`) when the checkpoint has them."""
+    k = [tensors.get(f"model.layers.{i}.self_attn.k_scale") for i in range(num_layers)]
+    v = [tensors.get(f"model.layers.{i}.self_attn.v_scale") for i in range(num_layers)]
+    if all(t is not None for t in k + v):
+        return torch.stack([t.float().max() for t in k]), torch.stack([t.float().max() for t in v])
+    return None
+
+
+def load_model(
+    model_dir: Path, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.nn.Module, ModelConfig, tuple[torch.Tensor, torch.Tensor] | None]:
+    """Build the engine's model for a folder and fill its weights."""
+    model_dir = Path(model_dir)
+    cfg = load_config(model_dir)
+    cls = model_class(cfg.architecture)
+    files = checkpoint_files(model_dir)
+    model = cls(cfg)
+    # Parameters take the serving dtype; buffers (rotary tables) stay float32,
+    # as transformers keeps them.
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
+    scale_tensors: dict[str, torch.Tensor] = {}
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in iter_tensors(files):
+            if name.endswith(("self_attn.k_scale", "self_attn.v_scale")):
+                scale_tensors[name] = tensor
+                continue
+            yield name, tensor
+
+    model.load_weights(weights())
+    model.to(device=device)
+    model.eval()
+    scales = kv_scales_from_checkpoint(scale_tensors, cfg.num_layers)
+    log.info("loaded %s (%s) from %d file(s)", cfg.architecture, model_dir, len(files))
+    return model, cfg, scales

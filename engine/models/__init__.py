@@ -1,0 +1,31 @@
+"""Architecture name (config.json `architectures[0]`) -> the engine's own model class."""
+
+from __future__ import annotations
+
+from engine.errors import UnsupportedModelError
+
+
+def _registry() -> dict[str, type]:
+    from engine.models.glm4 import Glm4ForCausalLM
+    from engine.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
+
+    return {
+        "LlamaForCausalLM": LlamaForCausalLM,
+        "MistralForCausalLM": LlamaForCausalLM,
+        "Qwen2ForCausalLM": Qwen2ForCausalLM,
+        "Glm4ForCausalLM": Glm4ForCausalLM,
+    }
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_registry())
+
+
+def model_class(architecture: str) -> type:
+    registry = _registry()
+    if architecture not in registry:
+        raise UnsupportedModelError(
+            f"architecture {architecture!r} is not supported; supported: "
+            + ", ".join(sorted(registry))
+        )
+    return registry[architecture]

@@ -1,0 +1,94 @@
+"""What every model shares: the forward context and checkpoint-name mapping for fused layers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.attention.metadata import AttentionMetadata
+from engine.errors import CheckpointError
+from engine.layers.linear import FusedLinear
+
+
+@dataclass
+class ForwardContext:
+    """Passed down the layers for one step: where the cache is and how to read it."""
+
+    pool: object
+    meta: AttentionMetadata
+    backend: object
+
+
+class CausalLM(nn.Module):
+    """Base for decoder-only models: embed -> layers -> norm -> lm_head."""
+
+    # checkpoint module name -> (fused module name, shard name)
+    packed_modules: dict[str, tuple[str, str]] = {}
+    # checkpoint tensors that carry nothing the engine needs
+    ignored_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
+    tie_word_embeddings: bool = False
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def checkpoint_target(self, name: str) -> tuple[str, str | None]:
+        """Map a checkpoint tensor name to (parameter name, shard or None)."""
+        for ckpt_module, (fused_module, shard) in self.packed_modules.items():
+            token = f".{ckpt_module}."
+            if token in name:
+                return name.replace(token, f".{fused_module}."), shard
+        return name, None
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors into parameters; every parameter must be filled."""
+        params = dict(self.named_parameters())
+        filled: set[str] = set()
+        for name, tensor in tensors:
+            if name.endswith(self.ignored_suffixes):
+                continue
+            if self.skip_checkpoint_tensor(name):
+                continue
+            target, shard = self.checkpoint_target(name)
+            if target not in params:
+                raise CheckpointError(f"checkpoint tensor {name!r} matches no parameter")
+            param = params[target]
+            if shard is not None:
+                module = self.get_submodule(target.rsplit(".", 1)[0])
+                assert isinstance(module, FusedLinear)
+                module.load_shard(shard, target.rsplit(".", 1)[1], tensor.to(param.dtype))
+                filled.add(f"{target}:{shard}")
+                continue
+            if tuple(param.shape) != tuple(tensor.shape):
+                raise CheckpointError(
+                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}"
+                )
+            with torch.no_grad():
+                param.copy_(tensor)
+            filled.add(target)
+        self._check_complete(params, filled)
+
+    def skip_checkpoint_tensor(self, name: str) -> bool:
+        return self.tie_word_embeddings and name == "lm_head.weight"
+
+    def _check_complete(self, params: dict[str, nn.Parameter], filled: set[str]) -> None:
+        missing = []
+        for name in params:
+            if name in filled or (self.tie_word_embeddings and name == "lm_head.weight"):
+                continue
+            module_name, kind = name.rsplit(".", 1)
+            module = self.get_submodule(module_name)
+            if isinstance(module, FusedLinear):
+                missing += [
+                    f"{name}:{s}" for s in module.shard_offsets if f"{name}:{s}" not in filled
+                ]
+            elif name not in filled:
+                missing.append(name)
+        if missing:
+            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise CheckpointError(
+                f"checkpoint is missing {len(missing)} tensors ({shown}); "
+                "is a shard missing or the download incomplete?"
+            )

@@ -1,0 +1,64 @@
+"""GLM-4 dense (Glm4ForCausalLM): partial interleaved rotary, extra post-attention and post-MLP norms."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.layers.norm import RMSNorm
+from engine.model_config import ModelConfig
+from engine.models.base import CausalLM, ForwardContext
+from engine.models.llama import GatedMLP, GQAAttention, LlamaModel
+
+
+class Glm4DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.self_attn = GQAAttention(
+            cfg,
+            layer,
+            qkv_bias=bool(cfg.get("attention_bias", True)),
+            o_bias=False,
+            interleaved=True,
+        )
+        self.mlp = GatedMLP(cfg.hidden_size, cfg["intermediate_size"])
+        eps = cfg.get("rms_norm_eps", 1e-5)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps)
+        self.post_self_attn_layernorm = RMSNorm(cfg.hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
+        self.post_mlp_layernorm = RMSNorm(cfg.hidden_size, eps)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        attn = self.self_attn(positions, self.input_layernorm(x), ctx)
+        x = x + self.post_self_attn_layernorm(attn)
+        mlp = self.mlp(self.post_attention_layernorm(x))
+        return x + self.post_mlp_layernorm(mlp)
+
+
+class Glm4ForCausalLM(CausalLM):
+    # GLM-4 checkpoints already fuse gate and up into `gate_up_proj` as [gate | up].
+    packed_modules = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+    }
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if "partial_rotary_factor" not in cfg.rope:
+            cfg.rope["partial_rotary_factor"] = 0.5  # transformers' default for GLM-4
+        self.model = LlamaModel(cfg, lambda i: Glm4DecoderLayer(cfg, i))
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_word_embeddings = bool(cfg.get("tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def checkpoint_target(self, name: str) -> tuple[str, str | None]:
+        if ".gate_up_proj." in name:
+            return name, None
+        return super().checkpoint_target(name)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext):
+        return self.model(input_ids, positions, ctx)

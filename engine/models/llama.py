@@ -1,0 +1,128 @@
+"""Llama-family decoder (Llama, Qwen2, SmolLM2): GQA, NeoX rotary, SwiGLU, RMSNorm."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.layers.activation import silu_and_mul
+from engine.layers.linear import FusedLinear
+from engine.layers.norm import RMSNorm
+from engine.layers.rotary import RotaryEmbedding, rope_inv_freq
+from engine.model_config import ModelConfig
+from engine.models.base import CausalLM, ForwardContext
+
+
+class GQAAttention(nn.Module):
+    """Fused qkv projection, rotary, paged attention, output projection."""
+
+    def __init__(
+        self, cfg: ModelConfig, layer: int, qkv_bias: bool, o_bias: bool, interleaved: bool
+    ):
+        super().__init__()
+        self.layer = layer
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = FusedLinear(
+            cfg.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=qkv_bias
+        )
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=o_bias)
+        rotary_dim = int(self.head_dim * cfg.partial_rotary_factor)
+        inv_freq, scaling = rope_inv_freq(rotary_dim, cfg.rope)
+        self.rotary = RotaryEmbedding(
+            rotary_dim, cfg.max_position_embeddings, inv_freq, interleaved, scaling
+        )
+        self.scale = self.head_dim**-0.5
+        self.split = [q_size, kv_size, kv_size]
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        self.rotary(positions, q, k)
+        out = ctx.backend.forward(self.layer, q, k, v, ctx.pool, ctx.meta, self.scale)
+        return self.o_proj(out.flatten(1))
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+        super().__init__()
+        self.gate_up_proj = FusedLinear(hidden, {"gate": intermediate, "up": intermediate}, bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, qkv_bias: bool, o_bias: bool):
+        super().__init__()
+        self.self_attn = GQAAttention(cfg, layer, qkv_bias, o_bias, interleaved=False)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg["intermediate_size"], cfg.get("mlp_bias", False))
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_factory):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(layer_factory(i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.get("rms_norm_eps", 1e-6))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext):
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(positions, x, ctx)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(CausalLM):
+    packed_modules = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", "gate"),
+        "up_proj": ("gate_up_proj", "up"),
+    }
+    qkv_bias_default = False
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        qkv_bias = cfg.get("attention_bias", self.qkv_bias_default)
+        o_bias = self.o_bias(cfg)
+        self.model = LlamaModel(cfg, lambda i: LlamaDecoderLayer(cfg, i, qkv_bias, o_bias))
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_word_embeddings = bool(cfg.get("tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @staticmethod
+    def o_bias(cfg: ModelConfig) -> bool:
+        return bool(cfg.get("attention_bias", False))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext):
+        return self.model(input_ids, positions, ctx)
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Qwen2: biases on q/k/v, none on o_proj."""
+
+    qkv_bias_default = True
+
+    @staticmethod
+    def o_bias(cfg: ModelConfig) -> bool:
+        return False

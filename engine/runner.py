@@ -1,0 +1,85 @@
+"""Builds one step's batch tensors from scheduled sequences and runs the model.
+
+The runner knows tensors, not policy: the scheduler decides who runs and how
+many tokens; the runner lays those tokens out flat, computes slots from page
+tables, and returns the logits rows the engine asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+from engine.models.base import ForwardContext
+from engine.scheduler import ScheduledSequence
+
+
+@dataclass
+class StepOutput:
+    # Logits at each sampling row: [len(sample_rows), vocab], float32.
+    sample_logits: torch.Tensor
+    sample_rows: list[int]  # indices into the scheduled list that sample a token
+    # Per scheduled index: logits of every token in its chunk, when it asked for them.
+    chunk_logits: dict[int, torch.Tensor]
+
+
+class ModelRunner:
+    def __init__(self, model, pool, backend, page_size: int, device: torch.device):
+        self.model = model
+        self.pool = pool
+        self.backend = backend
+        self.page_size = page_size
+        self.device = device
+
+    def _slots(self, pages: list[int], start: int, end: int) -> torch.Tensor:
+        """Cache slots of token positions [start, end) of a sequence with these pages."""
+        positions = torch.arange(start, end)
+        table = torch.tensor(pages, dtype=torch.long)
+        return table[positions // self.page_size] * self.page_size + positions % self.page_size
+
+    @torch.inference_mode()
+    def run(self, batch: list[ScheduledSequence], want_chunk_logits: set[int]) -> StepOutput:
+        input_ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        slot_mapping: list[torch.Tensor] = []
+        context_slots: list[torch.Tensor] = []
+        query_lens: list[int] = []
+        context_lens: list[int] = []
+        last_rows: list[int] = []
+        sample_rows: list[int] = []
+        chunk_ranges: dict[int, tuple[int, int]] = {}
+        offset = 0
+        for index, item in enumerate(batch):
+            seq, n = item.seq, item.num_tokens
+            start = seq.num_computed_tokens
+            end = start + n
+            input_ids.extend(seq.token_ids[start:end])
+            positions.append(torch.arange(start, end))
+            slots = self._slots(seq.pages, 0, end)
+            slot_mapping.append(slots[start:end])
+            context_slots.append(slots)
+            query_lens.append(n)
+            context_lens.append(end)
+            if item.reaches_end:
+                sample_rows.append(index)
+                last_rows.append(offset + n - 1)
+            if index in want_chunk_logits:
+                chunk_ranges[index] = (offset, offset + n)
+            offset += n
+        meta = AttentionMetadata.build(
+            query_lens, context_lens, torch.cat(slot_mapping), context_slots, self.device
+        )
+        ctx = ForwardContext(pool=self.pool, meta=meta, backend=self.backend)
+        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        pos = torch.cat(positions).to(self.device)
+        hidden = self.model(ids, pos, ctx)
+        rows = torch.tensor(last_rows, dtype=torch.long, device=self.device)
+        sample_logits = (
+            self.model.compute_logits(hidden[rows]) if last_rows else hidden.new_empty(0)
+        )
+        chunk_logits = {
+            index: self.model.compute_logits(hidden[a:b]) for index, (a, b) in chunk_ranges.items()
+        }
+        return StepOutput(sample_logits, sample_rows, chunk_logits)
