@@ -18,9 +18,10 @@ from engine.attention.torch_backend import get_backend
 from engine.config import DEFAULT_CPU_KV_GIB, EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineError, KVCapacityError, PromptTooLongError
+from engine.kv import make_pool
 from engine.kv.pages import PageAllocator
 from engine.kv.pool import PagedKVPool
-from engine.kv.sizing import KVLayout, kv_bytes_per_token
+from engine.kv.sizing import kv_bytes_per_token
 from engine.loader import load_model
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.runner import ModelRunner
@@ -84,12 +85,7 @@ class LLMEngine:
                 f"max_model_len {self.max_model_len} exceeds the model's "
                 f"max_position_embeddings {self.model_config.max_position_embeddings}"
             )
-        self.layout = KVLayout(
-            num_layers=self.model_config.num_layers,
-            kind="gqa",
-            num_kv_heads=self.model_config.num_kv_heads,
-            head_dim=self.model_config.head_dim,
-        )
+        self.layout = self.model.kv_layout()
         self.pool = self._build_pool(ckpt_scales)
         self.allocator = PageAllocator(self.pool.num_pages)
         self.scheduler = Scheduler(
@@ -130,7 +126,7 @@ class LLMEngine:
                 f"max_model_len={self.max_model_len}; raise --kv-memory to at least "
                 f"{self.max_model_len * per_token / GIB:.3f} GiB or lower --max-model-len"
             )
-        pool = PagedKVPool(self.layout, num_pages, page, self.kv_dtype, self.device)
+        pool = make_pool(self.layout, num_pages, page, self.kv_dtype, self.device)
         if self.config.kv_scales_file:
             data = json.loads(Path(self.config.kv_scales_file).read_text())
             pool.set_scales(torch.tensor(data["k"]), torch.tensor(data["v"]), "file")

@@ -1,0 +1,18 @@
+"""The KV cache: page allocation, storage pools, FP8 quantization and sizing."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.kv.sizing import KVLayout
+
+
+def make_pool(
+    layout: KVLayout, num_pages: int, page_size: int, kv_dtype: str, device: torch.device
+):
+    """The pool that stores this layout: per-head K/V pages for GQA."""
+    if layout.kind == "gqa":
+        from engine.kv.pool import PagedKVPool
+
+        return PagedKVPool(layout, num_pages, page_size, kv_dtype, device)
+    raise ValueError(f"no KV pool for layout kind {layout.kind!r}")

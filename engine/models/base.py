@@ -10,6 +10,7 @@ from torch import nn
 
 from engine.attention.metadata import AttentionMetadata
 from engine.errors import CheckpointError
+from engine.kv.sizing import KVLayout
 from engine.layers.linear import FusedLinear
 
 
@@ -30,6 +31,16 @@ class CausalLM(nn.Module):
     # checkpoint tensors that carry nothing the engine needs
     ignored_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
     tie_word_embeddings: bool = False
+
+    def kv_layout(self) -> KVLayout:
+        """What one token costs in the KV cache; GQA by default, MLA models override."""
+        cfg = self.config
+        return KVLayout(
+            num_layers=cfg.num_layers,
+            kind="gqa",
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+        )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

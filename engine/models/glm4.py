@@ -47,6 +47,7 @@ class Glm4ForCausalLM(CausalLM):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.config = cfg
         if "partial_rotary_factor" not in cfg.rope:
             cfg.rope["partial_rotary_factor"] = 0.5  # transformers' default for GLM-4
         self.model = LlamaModel(cfg, lambda i: Glm4DecoderLayer(cfg, i))

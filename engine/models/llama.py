@@ -102,6 +102,7 @@ class LlamaForCausalLM(CausalLM):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.config = cfg
         qkv_bias = cfg.get("attention_bias", self.qkv_bias_default)
         o_bias = self.o_bias(cfg)
         self.model = LlamaModel(cfg, lambda i: LlamaDecoderLayer(cfg, i, qkv_bias, o_bias))
