@@ -1,0 +1,140 @@
+"""Decode throughput: the engine (BF16 and FP8 KV) against transformers' `generate`.
+
+Both run in one process on the same machine and weights, one after the other,
+so the ratios are comparable even where absolute numbers are noisy. Every run
+generates exactly `max_tokens` tokens per prompt (EOS ignored).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import torch
+
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Explain what a hash map is to a new programmer.",
+    "What does the `git rebase` command do?",
+    "Summarise the plot of Hamlet in three sentences.",
+    "List five uses of the Unix `find` command.",
+    "How do I read a CSV file with pandas?",
+    "What is the difference between a process and a thread?",
+    "Give me a haiku about compilers.",
+]
+
+
+def _chat_ids(tokenizer, text: str) -> list[int]:
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
+    return tokenizer.encode(rendered, add_special_tokens=False)
+
+
+def _engine_run(model: str, kv: str, prompts: list[list[int]], max_tokens: int) -> dict:
+    from engine import LLM, SamplingParams
+
+    llm = LLM(model, kv_cache_dtype=kv)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    llm.generate([prompts[0][:8]], SamplingParams(max_tokens=4, temperature=0))  # warm-up
+    start = time.perf_counter()
+    single = llm.generate([prompts[0]], params)
+    single_s = time.perf_counter() - start
+    start = time.perf_counter()
+    batch = llm.generate(prompts, params)
+    batch_s = time.perf_counter() - start
+    single_tokens = len(single[0].outputs[0].token_ids)
+    batch_tokens = sum(len(o.outputs[0].token_ids) for o in batch)
+    return {
+        "single_tok_s": single_tokens / single_s,
+        "batch_tok_s": batch_tokens / batch_s,
+        "kv_bytes_per_token": llm.engine.pool.layout.values_per_token
+        * llm.engine.pool.storage.element_size(),
+    }
+
+
+def _transformers_run(model_dir: str, prompts: list[list[int]], max_tokens: int, dtype) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    pad = model.config.pad_token_id or 0
+
+    def generate(batch: list[list[int]]) -> int:
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+                pad_token_id=pad,
+            )
+        return (out.shape[1] - width) * len(batch)
+
+    generate([prompts[0][:8]])  # warm-up
+    start = time.perf_counter()
+    single_tokens = generate([prompts[0]])
+    single_s = time.perf_counter() - start
+    start = time.perf_counter()
+    batch_tokens = generate(prompts)
+    batch_s = time.perf_counter() - start
+    return {"single_tok_s": single_tokens / single_s, "batch_tok_s": batch_tokens / batch_s}
+
+
+def run_throughput(
+    model: str, max_tokens: int = 128, batch: int = 16, with_transformers: bool = True
+) -> dict:
+    from transformers import AutoTokenizer
+
+    from engine.model_store import resolve_model
+
+    model_dir = str(resolve_model(model))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [_chat_ids(tokenizer, PROMPTS[i % len(PROMPTS)]) for i in range(batch)]
+    result = {
+        "benchmark": "throughput",
+        "model": model,
+        "max_tokens": max_tokens,
+        "batch": batch,
+        "prompt_tokens": [len(p) for p in prompts],
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+        },
+        "runs": {},
+    }
+    runs = result["runs"]
+    for kv in ("bf16", "fp8_e4m3"):
+        runs[f"engine_{kv}"] = _engine_run(model_dir, kv, prompts, max_tokens)
+    if with_transformers:
+        runs["transformers_bf16"] = _transformers_run(
+            model_dir, prompts, max_tokens, torch.bfloat16
+        )
+        base = runs["transformers_bf16"]
+        result["speedup_vs_transformers"] = {
+            name: {
+                "single": runs[name]["single_tok_s"] / base["single_tok_s"],
+                "batch": runs[name]["batch_tok_s"] / base["batch_tok_s"],
+            }
+            for name in runs
+            if name.startswith("engine_")
+        }
+    return result
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{'run':22} {'single tok/s':>14} {'batch tok/s':>14}"]
+    for name, run in result["runs"].items():
+        lines.append(f"{name:22} {run['single_tok_s']:14.1f} {run['batch_tok_s']:14.1f}")
+    for name, ratio in result.get("speedup_vs_transformers", {}).items():
+        lines.append(
+            f"{name} vs transformers: single x{ratio['single']:.2f}, batch x{ratio['batch']:.2f}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,22 @@
+"""Shared fixtures: tiny random checkpoints built once per test session."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine import checkpoints
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    return checkpoints.tiny_llama(tmp_path_factory.mktemp("llama") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory):
+    return checkpoints.tiny_qwen2(tmp_path_factory.mktemp("qwen2") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_glm4_dir(tmp_path_factory):
+    return checkpoints.tiny_glm4(tmp_path_factory.mktemp("glm4") / "model")
