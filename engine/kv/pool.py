@@ -1,6 +1,7 @@
 """The paged KV pool for grouped-query attention: storage, scales, write and gather.
 
-Layout: per layer, K and V each a [num_slots, kv_heads, head_dim] tensor where
+Layout: per layer a [num_slots, 2, kv_heads, head_dim] tensor (K and V side by
+side, so one index_copy writes and one index_select reads both) where
 slot = page * page_size + offset. In fp8 mode the bytes are float8_e4m3fn with
 a float32 scale per layer for K and for V (DESIGN.md §3): from the checkpoint
 when it has them, else calibrated on the first write and then frozen, else 1.0.
@@ -47,7 +48,7 @@ class PagedKVPool:
         self.is_fp8 = kv_dtype == "fp8_e4m3"
         self.device = torch.device(device)
         num_slots = num_pages * page_size
-        shape = (layout.num_layers, 2, num_slots, layout.num_kv_heads, layout.head_dim)
+        shape = (layout.num_layers, num_slots, 2, layout.num_kv_heads, layout.head_dim)
         # uint8 storage for fp8: index_copy_ and index_select are not defined for
         # float8 on every torch build, and the bytes are the same.
         storage_dtype = torch.uint8 if self.is_fp8 else STORAGE_DTYPES[kv_dtype]
@@ -56,6 +57,7 @@ class PagedKVPool:
         self.v_scale = torch.ones(layout.num_layers, dtype=torch.float32)
         self.scale_source = scale_source if self.is_fp8 else "none"
         self._calibrated = [scale_source != "calibrate"] * layout.num_layers
+        self._scale_cache: dict[int, torch.Tensor] = {}
 
     @property
     def capacity_tokens(self) -> int:
@@ -78,24 +80,32 @@ class PagedKVPool:
         self.v_scale = v_scale.float().flatten().clone()
         self.scale_source = source
         self._calibrated = [True] * n
+        self._scale_cache = {}
 
     def scales(self) -> dict[str, list[float]]:
         return {"k": self.k_scale.tolist(), "v": self.v_scale.tolist()}
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """Store new tokens' K and V ([T, kv_heads, head_dim]) at their slots."""
+        kv = torch.stack((k, v), dim=1)  # [T, 2, kv_heads, head_dim]
         if self.is_fp8:
             if not self._calibrated[layer]:
                 self.k_scale[layer] = calibrate_scale(k)
                 self.v_scale[layer] = calibrate_scale(v)
                 self._calibrated[layer] = True
-            k = quantize_fp8(k, self.k_scale[layer].item()).view(torch.uint8)
-            v = quantize_fp8(v, self.v_scale[layer].item()).view(torch.uint8)
+                self._scale_cache.pop(layer, None)
+            kv = quantize_fp8(kv, self._scales(layer)).view(torch.uint8)
         else:
-            k = k.to(self.storage.dtype)
-            v = v.to(self.storage.dtype)
-        self.storage[layer, 0].index_copy_(0, slots, k)
-        self.storage[layer, 1].index_copy_(0, slots, v)
+            kv = kv.to(self.storage.dtype)
+        self.storage[layer].index_copy_(0, slots, kv)
+
+    def _scales(self, layer: int) -> torch.Tensor:
+        """[2, 1, 1] K and V scales of a layer, broadcastable over [T, 2, heads, dim]."""
+        cached = self._scale_cache.get(layer)
+        if cached is None:
+            values = torch.stack((self.k_scale[layer], self.v_scale[layer])).view(2, 1, 1)
+            cached = self._scale_cache[layer] = values.to(self.device)
+        return cached
 
     def gather(
         self, layer: int, slots: torch.Tensor, dtype: torch.dtype
@@ -106,14 +116,13 @@ class PagedKVPool:
         the factors into its softmax scale and its output instead of spending a
         pass over K and V.
         """
-        flat = slots.reshape(-1)
-        k = self.storage[layer, 0].index_select(0, flat)
-        v = self.storage[layer, 1].index_select(0, flat)
-        tail = (*slots.shape, self.layout.num_kv_heads, self.layout.head_dim)
+        kv = self.storage[layer].index_select(0, slots.reshape(-1))
         if self.is_fp8:
-            k = fp8_bits_to_half(k).to(dtype).view(tail)
-            v = fp8_bits_to_half(v).to(dtype).view(tail)
+            kv = fp8_bits_to_half(kv).to(dtype)
             k_factor = float(self.k_scale[layer]) * HALF_TRICK_FACTOR
             v_factor = float(self.v_scale[layer]) * HALF_TRICK_FACTOR
-            return k, v, k_factor, v_factor
-        return k.to(dtype).view(tail), v.to(dtype).view(tail), 1.0, 1.0
+        else:
+            kv = kv.to(dtype)
+            k_factor = v_factor = 1.0
+        kv = kv.view(*slots.shape, 2, self.layout.num_kv_heads, self.layout.head_dim)
+        return kv.select(-3, 0), kv.select(-3, 1), k_factor, v_factor

@@ -32,8 +32,13 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, rope: dict[str, Any]) -> torch.Tens
     return torch.where(is_medium, smoothed, scaled)
 
 
-def rope_inv_freq(rotary_dim: int, rope: dict[str, Any]) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies and the cos/sin multiplier for a normalised rope dict."""
+def rope_inv_freq(
+    rotary_dim: int, rope: dict[str, Any], max_positions: int | None = None
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and the cos/sin multiplier for a normalised rope dict.
+
+    `max_positions` only matters for YaRN configs that leave `factor` implicit.
+    """
     base = float(rope.get("rope_theta", 10000.0))
     inv_freq = 1.0 / (
         base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim)
@@ -45,14 +50,22 @@ def rope_inv_freq(rotary_dim: int, rope: dict[str, Any]) -> tuple[torch.Tensor, 
         return inv_freq / float(rope["factor"]), 1.0
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, rope), 1.0
+    if rope_type == "yarn":
+        from engine.layers.yarn import yarn_inv_freq
+
+        return yarn_inv_freq(rotary_dim, rope, max_positions)
     raise UnsupportedModelError(
         f"rope_type {rope_type!r} is not supported for this model; "
-        "supported: default, linear, llama3"
+        "supported: default, linear, llama3, yarn"
     )
 
 
 class RotaryEmbedding(nn.Module):
-    """Applies rotary embeddings to q and k of shape [tokens, heads, head_dim] in place."""
+    """Applies rotary embeddings in place to [tokens, heads, head_dim] tensors.
+
+    Every layer has an identical table; the rows for a step's positions are
+    looked up once per step (in the step's cache) and reused by all layers.
+    """
 
     def __init__(
         self,
@@ -69,6 +82,13 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(positions, inv_freq.float())
         self.register_buffer("cos", freqs.cos() * attention_scaling, persistent=False)
         self.register_buffer("sin", freqs.sin() * attention_scaling, persistent=False)
+        self.signature = (
+            rotary_dim,
+            max_positions,
+            interleaved,
+            attention_scaling,
+            tuple(inv_freq.tolist()),
+        )
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         rot = x[..., : self.rotary_dim]
@@ -82,9 +102,22 @@ class RotaryEmbedding(nn.Module):
         first.copy_(new_first)
         second.copy_(new_second)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
-        # cos/sin in the activations' dtype, as transformers computes them.
-        cos = self.cos[positions].to(q.dtype).unsqueeze(1)
-        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
-        self._rotate(q, cos, sin)
-        self._rotate(k, cos, sin)
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype, step_cache: dict | None):
+        """cos/sin for these positions in the activations' dtype, as transformers computes them."""
+        key = ("rotary", self.signature, dtype)
+        if step_cache is not None and key in step_cache:
+            return step_cache[key]
+        tables = (
+            self.cos[positions].to(dtype).unsqueeze(1),
+            self.sin[positions].to(dtype).unsqueeze(1),
+        )
+        if step_cache is not None:
+            step_cache[key] = tables
+        return tables
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, step_cache: dict | None = None
+    ) -> None:
+        """Rotate x [tokens, heads, head_dim] in place (q and k may be passed together)."""
+        cos, sin = self.tables(positions, x.dtype, step_cache)
+        self._rotate(x, cos, sin)

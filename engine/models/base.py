@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -21,6 +21,8 @@ class ForwardContext:
     pool: object
     meta: AttentionMetadata
     backend: object
+    # Values every layer would otherwise recompute (rotary rows for this step's positions).
+    step_cache: dict = field(default_factory=dict)
 
 
 class CausalLM(nn.Module):

@@ -36,16 +36,16 @@ class GQAAttention(nn.Module):
             rotary_dim, cfg.max_position_embeddings, inv_freq, interleaved, scaling
         )
         self.scale = self.head_dim**-0.5
-        self.split = [q_size, kv_size, kv_size]
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.reshape(-1, self.num_heads, self.head_dim)
-        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
-        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        self.rotary(positions, q, k)
+        qkv = self.qkv_proj(x)
+        heads = self.num_heads + 2 * self.num_kv_heads
+        qkv = qkv.view(-1, heads, self.head_dim)
+        # q and k heads are adjacent: rotate them in one call.
+        self.rotary(positions, qkv[:, : self.num_heads + self.num_kv_heads], ctx.step_cache)
+        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         out = ctx.backend.forward(self.layer, q, k, v, ctx.pool, ctx.meta, self.scale)
         return self.o_proj(out.flatten(1))
 

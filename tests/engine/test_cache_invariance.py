@@ -36,7 +36,7 @@ def test_fp8_cache_is_really_quantized(fp8_llm, tiny_llama_dir):
     """FP8 logits differ from float32-KV logits: the cache path is exercised, not bypassed."""
     pool = fp8_llm.engine.pool
     assert pool.storage.dtype == torch.uint8 and pool.is_fp8
-    stored = pool.storage[0, 0, :4].view(FP8_DTYPE).float()
+    stored = pool.storage[0, :4].view(FP8_DTYPE).float()
     assert torch.isfinite(stored).all()
     exact = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_dtype="auto").prompt_logits(PROMPT)
     assert (exact - fp8_llm.prompt_logits(PROMPT)).abs().max().item() > INVARIANCE_TOL
