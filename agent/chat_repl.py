@@ -7,6 +7,7 @@ import sys
 from engine import SamplingParams
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
+from engine.errors import PromptTooLongError
 
 BANNER = "Resident chat ({model}, KV {kv}). Type /quit or press Ctrl-D to leave, /clear to reset."
 
@@ -52,5 +53,18 @@ def run_chat(model: str, kv_cache_dtype: str = "fp8_e4m3") -> None:
             messages = []
             continue
         messages.append({"role": "user", "content": line})
-        reply = stream_reply(engine, messages, params)
-        messages.append({"role": "assistant", "content": reply})
+        while True:
+            try:
+                reply = stream_reply(engine, messages, params)
+                break
+            except PromptTooLongError:
+                if len(messages) <= 1:
+                    print("That message alone is longer than the model's context.")
+                    messages = []
+                    reply = None
+                    break
+                # Forget the oldest exchange and try again, rather than failing the turn.
+                messages = messages[2:] if len(messages) > 2 else messages[-1:]
+                print("[context full: dropped the oldest exchange]")
+        if reply is not None:
+            messages.append({"role": "assistant", "content": reply})
