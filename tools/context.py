@@ -1,0 +1,67 @@
+"""What every tool run needs to know: where it may act, what it has read, its caps."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tools.file_state import FileStateLedger
+
+
+@dataclass(frozen=True)
+class ToolLimits:
+    """Caps that keep one tool result from flooding the context or the machine."""
+
+    read_max_lines: int = 2000
+    read_max_line_chars: int = 2000
+    read_max_output_chars: int = 100_000
+    edit_max_file_bytes: int = 10 * 1024 * 1024
+    list_max_entries: int = 1000
+    glob_max_results: int = 500
+    grep_max_results: int = 200
+    grep_max_line_chars: int = 300
+    diff_max_chars: int = 30_000
+    shell_timeout_s: float = 120.0
+    shell_max_timeout_s: float = 600.0
+    shell_output_chars: int = 30_000
+    # Processes a shell run may add on top of what the user already runs:
+    # RLIMIT_NPROC counts every task of the user, not just this tree.
+    shell_process_budget: int = 1024
+    # Time between SIGTERM and SIGKILL when a run is stopped.
+    shell_kill_grace_s: float = 2.0
+
+
+@dataclass
+class ToolContext:
+    """Per-session state shared by all tools.
+
+    `workspace` and `extra_roots` are resolved once (symlinks included), so
+    confinement checks compare real paths. `cancel_event` is the agent's
+    interrupt: setting it stops a running shell command (its whole process
+    group). `env` is the environment shell commands start from, before
+    secrets are scrubbed.
+    """
+
+    workspace: Path
+    extra_roots: tuple[Path, ...] = ()
+    limits: ToolLimits = field(default_factory=ToolLimits)
+    file_states: FileStateLedger = field(default_factory=FileStateLedger)
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    env: Mapping[str, str] | None = None
+    use_ripgrep: bool = True
+
+    def __post_init__(self) -> None:
+        self.workspace = Path(os.path.realpath(self.workspace))
+        self.extra_roots = tuple(Path(os.path.realpath(root)) for root in self.extra_roots)
+        if not self.workspace.is_dir():
+            raise NotADirectoryError(f"workspace {self.workspace} is not a directory")
+
+    @property
+    def allowed_roots(self) -> tuple[Path, ...]:
+        return (self.workspace, *self.extra_roots)
+
+    def base_env(self) -> Mapping[str, str]:
+        return os.environ if self.env is None else self.env

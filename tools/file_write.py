@@ -1,0 +1,93 @@
+"""The `write` tool: create a file or replace one the agent has read, atomically."""
+
+from __future__ import annotations
+
+import stat
+
+from pydantic import Field
+
+from tools.base import Arguments, Effect, Tool, ToolAccess, ToolResult
+from tools.context import ToolContext
+from tools.file_guard import (
+    newline_style,
+    resolve_for_write,
+    staleness_problem,
+    to_newline,
+    unified_diff,
+)
+from tools.file_state import FileStamp
+from tools.paths import PathError
+from tools.safe_fs import UnsafePathError, atomic_write, lstat, read_bytes
+
+
+class WriteArgs(Arguments):
+    path: str = Field(description="File to write, relative to the workspace root.")
+    content: str = Field(description="The complete new content of the file.")
+
+
+class WriteTool(Tool):
+    name = "write"
+    description = (
+        "Write a whole file: create it (parent directories included) or replace it. "
+        "An existing file must have been read first and must not have changed since. "
+        "Prefer edit for changing part of a file."
+    )
+    effect = Effect.WRITE
+    Args = WriteArgs
+
+    def access(self, args: WriteArgs) -> ToolAccess:
+        return ToolAccess(effect=self.effect, summary=f"Write {args.path}", paths=(args.path,))
+
+    def run(self, args: WriteArgs, ctx: ToolContext) -> ToolResult:
+        try:
+            target = resolve_for_write(args.path, ctx)
+        except PathError as exc:
+            return ToolResult.error(str(exc))
+        with ctx.file_states.locked(target.real):
+            try:
+                return self._write(args, ctx, target)
+            except UnsafePathError as exc:
+                return ToolResult.error(
+                    f"Refusing to write {args.path}: a directory on its path is now a "
+                    f"symbolic link or not a directory ({exc.strerror})."
+                )
+            except IsADirectoryError as exc:
+                return ToolResult.error(f"Cannot write {args.path}: {exc.strerror}")
+            except OSError as exc:
+                return ToolResult.error(f"Cannot write {args.path}: {exc.strerror or exc}")
+
+    def _write(self, args: WriteArgs, ctx: ToolContext, target) -> ToolResult:
+        existing = lstat(target.root, target.relative)
+        before = None
+        content = args.content
+        if existing is not None:
+            if not stat.S_ISREG(existing.st_mode):
+                return ToolResult.error(f"{target.display} exists and is not a regular file.")
+            old_bytes, info = read_bytes(target.root, target.relative)
+            problem = staleness_problem(ctx, target, old_bytes, info, "overwrite")
+            if problem:
+                return ToolResult.error(problem)
+            before = old_bytes.decode("utf-8", errors="surrogateescape")
+            if newline_style(before) == "\r\n" and "\r\n" not in content:
+                content = to_newline(content, "\r\n")  # keep the file's convention
+        try:
+            data = content.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return ToolResult.error(f"content is not valid Unicode text: {exc.reason}")
+        info = atomic_write(target.root, target.relative, data)
+        ctx.file_states.record(target.real, FileStamp.of_bytes(data, info))
+        lines = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
+        if before is None:
+            return ToolResult.success(
+                f"Created {target.display} ({lines} lines, {len(data):,} bytes).",
+                path=target.display,
+                created=True,
+            )
+        diff, diff_cut = unified_diff(before, content, target.display, ctx.limits.diff_max_chars)
+        return ToolResult.success(
+            f"Overwrote {target.display} ({lines} lines, {len(data):,} bytes).\n{diff}",
+            truncated=diff_cut,
+            path=target.display,
+            created=False,
+            diff=diff,
+        )

@@ -1,0 +1,208 @@
+"""The git tools: status, diff, log (read) and commit (runs the repository's hooks)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from tools.base import Arguments, Effect, Tool, ToolAccess, ToolResult
+from tools.context import ToolContext
+from tools.environment import scrubbed_environment
+from tools.git_repo import (
+    GIT_ENV,
+    GitError,
+    cap_text,
+    git_text,
+    has_commits,
+    open_repo,
+    repo_paths,
+    run_git,
+    verified_ref,
+    work_tree,
+    workspace_pathspec,
+)
+from tools.paths import PathError
+from tools.process import run_process
+
+
+class GitStatusArgs(Arguments):
+    pass
+
+
+class GitStatusTool(Tool):
+    name = "git_status"
+    description = (
+        "Show the branch and the changed, staged and untracked files (git status --short)."
+    )
+    effect = Effect.READ
+    Args = GitStatusArgs
+
+    def access(self, args: GitStatusArgs) -> ToolAccess:
+        return ToolAccess(effect=self.effect, summary="git status")
+
+    def run(self, args: GitStatusArgs, ctx: ToolContext) -> ToolResult:
+        try:
+            with open_repo(ctx.workspace) as repo:
+                text = git_text(repo, ["status", "--short", "--branch", "--no-ahead-behind"])
+        except GitError as exc:
+            return ToolResult.error(str(exc))
+        text, cut = cap_text(text.rstrip("\n"), ctx.limits.diff_max_chars, "many files changed")
+        lines = text.splitlines()
+        if len(lines) <= 1:
+            text += "\n(nothing to commit, working tree clean)"
+        return ToolResult.success(text, truncated=cut)
+
+
+class GitDiffArgs(Arguments):
+    staged: bool = Field(default=False, description="Show staged changes (the index) instead.")
+    ref: str | None = Field(
+        default=None, description="Compare against this commit, branch or tag (e.g. 'HEAD~1')."
+    )
+    paths: list[str] = Field(default_factory=list, description="Limit the diff to these paths.")
+    stat: bool = Field(default=False, description="Only a per-file summary of changes.")
+
+
+class GitDiffTool(Tool):
+    name = "git_diff"
+    description = (
+        "Show changes as a unified diff: work tree against the index by default, the "
+        "index with staged=true, or against a ref (work tree, or index when staged)."
+    )
+    effect = Effect.READ
+    Args = GitDiffArgs
+
+    def access(self, args: GitDiffArgs) -> ToolAccess:
+        what = "staged changes" if args.staged else "changes"
+        against = f" against {args.ref}" if args.ref else ""
+        return ToolAccess(
+            effect=self.effect, summary=f"git diff ({what}{against})", paths=tuple(args.paths)
+        )
+
+    def run(self, args: GitDiffArgs, ctx: ToolContext) -> ToolResult:
+        command = ["diff", "--no-color", "--no-ext-diff"]
+        if args.stat:
+            command.append("--stat")
+        try:
+            with open_repo(ctx.workspace) as repo:
+                if args.staged:
+                    command.append("--cached")
+                if args.ref:
+                    command.append(verified_ref(repo, args.ref))
+                command += ["--", *repo_paths(repo, ctx, args.paths)]
+                text = git_text(repo, command)
+        except (GitError, PathError) as exc:
+            return ToolResult.error(str(exc))
+        if not text.strip():
+            return ToolResult.success("(no differences)")
+        text, cut = cap_text(text, ctx.limits.diff_max_chars, "pass paths to narrow it")
+        return ToolResult.success(text, truncated=cut)
+
+
+class GitLogArgs(Arguments):
+    max_count: int = Field(default=20, ge=1, le=200, description="How many commits to show.")
+    ref: str | None = Field(default=None, description="Start from this ref instead of HEAD.")
+    path: str | None = Field(default=None, description="Only commits touching this path.")
+
+
+class GitLogTool(Tool):
+    name = "git_log"
+    description = "Show recent commits: short hash, date, author and subject, newest first."
+    effect = Effect.READ
+    Args = GitLogArgs
+
+    def access(self, args: GitLogArgs) -> ToolAccess:
+        paths = (args.path,) if args.path else ()
+        return ToolAccess(effect=self.effect, summary="git log", paths=paths)
+
+    def run(self, args: GitLogArgs, ctx: ToolContext) -> ToolResult:
+        command = [
+            "log",
+            f"--max-count={args.max_count}",
+            "--date=short",
+            "--format=%h %ad %an: %s",
+        ]
+        try:
+            with open_repo(ctx.workspace) as repo:
+                if not has_commits(repo) and not args.ref:
+                    return ToolResult.success("(no commits yet)")
+                command.append(verified_ref(repo, args.ref) if args.ref else "HEAD")
+                command += ["--", *repo_paths(repo, ctx, [args.path] if args.path else [])]
+                text = git_text(repo, command)
+        except (GitError, PathError) as exc:
+            return ToolResult.error(str(exc))
+        return ToolResult.success(text.rstrip("\n") or "(no commits match)")
+
+
+class GitCommitArgs(Arguments):
+    message: str = Field(min_length=1, description="The commit message.")
+    paths: list[str] = Field(
+        default_factory=list, description="Stage these paths before committing."
+    )
+    stage_all: bool = Field(
+        default=False, description="Stage every change first, new files included (git add -A)."
+    )
+    allow_empty: bool = Field(default=False, description="Commit even with nothing staged.")
+    no_verify: bool = Field(
+        default=False,
+        description="Skip the repository's commit hooks. Only when the user asked for it.",
+    )
+
+
+class GitCommitTool(Tool):
+    name = "git_commit"
+    description = (
+        "Commit staged changes (optionally staging paths or everything first). The "
+        "repository's hooks run; if a hook fails, the commit is not made and its output "
+        "is returned."
+    )
+    # Hooks run code from the repository, so a commit is treated like running a command.
+    effect = Effect.EXECUTE
+    Args = GitCommitArgs
+
+    def access(self, args: GitCommitArgs) -> ToolAccess:
+        subject = args.message.strip().splitlines()[0] if args.message.strip() else ""
+        escalation = (
+            "the commit would skip the repository's hooks (--no-verify)" if args.no_verify else None
+        )
+        return ToolAccess(
+            effect=self.effect,
+            summary=f"git commit: {subject}",
+            paths=tuple(args.paths),
+            escalation=escalation,
+        )
+
+    def run(self, args: GitCommitArgs, ctx: ToolContext) -> ToolResult:
+        try:
+            with open_repo(ctx.workspace) as repo:
+                top = work_tree(repo)
+                if args.stage_all:  # everything in the workspace, not the whole repository
+                    run_git(repo, ["add", "-A", "--", workspace_pathspec(repo, ctx.workspace)])
+                if args.paths:
+                    run_git(repo, ["add", "--", *repo_paths(repo, ctx, args.paths)])
+                command = ["git", "commit", "--no-edit", "-m", args.message]
+                if args.no_verify:
+                    command.append("--no-verify")
+                if args.allow_empty:
+                    command.append("--allow-empty")
+                outcome = run_process(
+                    command,
+                    cwd=top,
+                    env=scrubbed_environment(ctx.base_env(), GIT_ENV),
+                    timeout_s=ctx.limits.shell_timeout_s,
+                    output_limit=ctx.limits.shell_output_chars,
+                    cancel_event=ctx.cancel_event,
+                    kill_grace_s=ctx.limits.shell_kill_grace_s,
+                )
+                if not outcome.succeeded:
+                    why = "timed out" if outcome.timed_out else f"exit code {outcome.exit_code}"
+                    return ToolResult.error(
+                        f"git commit failed ({why}); nothing was committed.\n{outcome.output}",
+                        exit_code=outcome.exit_code,
+                    )
+                commit = git_text(repo, ["rev-parse", "HEAD"]).strip()
+                summary = git_text(repo, ["show", "--stat", "--format=%h %s", "HEAD"])
+        except (GitError, PathError) as exc:
+            return ToolResult.error(str(exc))
+        text = summary.rstrip("\n")
+        if outcome.output.strip():
+            text += "\n\n" + outcome.output.rstrip("\n")
+        return ToolResult.success(text, truncated=outcome.truncated, commit=commit)
