@@ -1,0 +1,113 @@
+"""Finding tag markers in text that arrives in arbitrary pieces.
+
+A streaming parser may only emit text once it knows the text is not the start
+of a marker: `<tool` could become `<tool_call>`. These helpers find the first
+complete marker and measure how much of a buffer's tail must be held back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def find_first_marker(text: str, markers: Sequence[str]) -> tuple[int, str] | None:
+    """Position and marker of the earliest complete marker in text (longest on a tie)."""
+    best: tuple[int, str] | None = None
+    for marker in markers:
+        position = text.find(marker)
+        if position < 0:
+            continue
+        if (
+            best is None
+            or position < best[0]
+            or (position == best[0] and len(marker) > len(best[1]))
+        ):
+            best = (position, marker)
+    return best
+
+
+def held_back_length(text: str, markers: Sequence[str]) -> int:
+    """Length of the longest tail of text that is a proper prefix of some marker.
+
+    That tail may still grow into a marker, so it cannot be emitted yet.
+    """
+    longest = 0
+    for marker in markers:
+        for length in range(min(len(text), len(marker) - 1), longest, -1):
+            if text.endswith(marker[:length]):
+                longest = length
+                break
+    return longest
+
+
+def is_marker_prefix(text: str, markers: Sequence[str]) -> bool:
+    """True when text could still grow into one of the markers."""
+    return any(marker.startswith(text) for marker in markers)
+
+
+@dataclass(frozen=True)
+class MarkerSplit:
+    before: str  # safe to hand on: no marker in it, and no marker can start in it
+    marker: str | None  # the first complete marker, if there is one
+    after: str  # text after the marker; without a marker, the held-back tail
+
+
+def split_at_marker(text: str, markers: Sequence[str], final: bool) -> MarkerSplit:
+    """Split text at its first complete marker, or hold back a possible marker start.
+
+    With `final` (the stream has ended) nothing can grow any more, so nothing
+    is held back.
+    """
+    found = find_first_marker(text, markers)
+    if found is not None:
+        position, marker = found
+        return MarkerSplit(text[:position], marker, text[position + len(marker) :])
+    hold = 0 if final else held_back_length(text, markers)
+    return MarkerSplit(text[: len(text) - hold], None, text[len(text) - hold :])
+
+
+class WhitespaceTrimmer:
+    """Streams text with leading and trailing whitespace removed.
+
+    Leading whitespace is dropped until the first other character; trailing
+    whitespace is held until more text follows it, and dropped if none does.
+    The pushed pieces therefore concatenate to `whole.strip()` however the
+    text was split.
+    """
+
+    def __init__(self, strip_leading: bool = True) -> None:
+        self._started = not strip_leading
+        self._held = ""
+
+    def push(self, text: str) -> str:
+        if not self._started:
+            text = text.lstrip()
+            if not text:
+                return ""
+            self._started = True
+        text = self._held + text
+        kept = text.rstrip()
+        self._held = text[len(kept) :]
+        return kept
+
+
+class TextAccumulator:
+    """A growing string with O(1) appends (`acc += piece`), joined only when read.
+
+    A long tool call arrives in thousands of small deltas; `str +=` would copy
+    the whole call on each one.
+    """
+
+    def __init__(self, text: str = "") -> None:
+        self._parts = [text]
+
+    def __iadd__(self, piece: str) -> TextAccumulator:
+        self._parts.append(piece)
+        return self
+
+    @property
+    def text(self) -> str:
+        if len(self._parts) > 1:
+            self._parts = ["".join(self._parts)]
+        return self._parts[0]
