@@ -25,5 +25,8 @@ class EngineConfig(BaseModel):
     max_num_batched_tokens: int = Field(default=2048, ge=16)
     max_model_len: int | None = Field(default=None, ge=2)
     kv_scales_file: str | None = None
+    enable_prefix_caching: bool = True
+    verify_prefix_cache: bool = False  # hash shared pages and check them on reuse
+    max_waiting: int | None = Field(default=None, ge=1)  # beyond it: overloaded
     seed: int = 0
     device: str | None = None

@@ -21,6 +21,7 @@ from engine.errors import EngineError, KVCapacityError, PromptTooLongError
 from engine.kv import make_pool
 from engine.kv.pages import PageAllocator
 from engine.kv.pool import PagedKVPool
+from engine.kv.radix import RadixCache
 from engine.kv.sizing import kv_bytes_per_token
 from engine.loader import load_model
 from engine.outputs import CompletionOutput, RequestOutput
@@ -88,8 +89,23 @@ class LLMEngine:
         self.layout = self.model.kv_layout()
         self.pool = self._build_pool(ckpt_scales)
         self.allocator = PageAllocator(self.pool.num_pages)
+        self.prefix_cache = (
+            RadixCache(
+                self.allocator,
+                config.page_size,
+                page_bytes=self.pool.page_bytes,
+                verify=config.verify_prefix_cache,
+            )
+            if config.enable_prefix_caching
+            else None
+        )
         self.scheduler = Scheduler(
-            self.allocator, config.page_size, config.max_num_seqs, config.max_num_batched_tokens
+            self.allocator,
+            config.page_size,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            prefix_cache=self.prefix_cache,
+            max_waiting=config.max_waiting,
         )
         self.runner = ModelRunner(
             self.model,
@@ -165,6 +181,7 @@ class LLMEngine:
         request_id: str | None = None,
         max_chunk: int | None = None,
         collect_logits: bool = False,
+        cache_salt: str = "",
     ) -> Sequence:
         params = params or SamplingParams()
         ids = self.encode_prompt(prompt)
@@ -185,15 +202,17 @@ class LLMEngine:
             prompt_text=prompt if isinstance(prompt, str) else None,
             max_chunk=max_chunk,
             collect_logits=collect_logits,
+            cache_salt=cache_salt,
             detok=IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens),
         )
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
-        self._requests[request_id] = seq
         self.scheduler.add(seq)
+        self._requests[request_id] = seq
         return seq
 
     def abort(self, request_id: str) -> None:
+        """Stop a request and free its pages at once (a client went away)."""
         seq = self._requests.pop(request_id, None)
         if seq is not None and not seq.is_finished:
             self.scheduler.finish(seq, "abort")
@@ -204,8 +223,9 @@ class LLMEngine:
     # ----- stepping -----------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
+        failed = [self._make_output(seq) for seq in self.scheduler.failed]
         if not batch:
-            return []
+            return failed
         want = {i for i, item in enumerate(batch) if self._wants_chunk_logits(item)}
         out = self.runner.run(batch, want)
         for index, logits in out.chunk_logits.items():
@@ -220,11 +240,13 @@ class LLMEngine:
         for index, item in enumerate(batch):
             seq = item.seq
             seq.num_computed_tokens += item.num_tokens
+            if item.num_tokens > 1:
+                self.scheduler.cache(seq)  # share a prefill with requests arriving meanwhile
             if index in sampled:
                 token, info = sampled[index]
                 self._append_token(seq, token, info)
                 outputs.append(self._make_output(seq))
-        return outputs
+        return failed + outputs
 
     def _wants_chunk_logits(self, item: ScheduledSequence) -> bool:
         seq = item.seq
@@ -319,4 +341,39 @@ class LLMEngine:
             outputs=[completion],
             finished=finished,
             prompt_logprobs=seq.prompt_logprobs if seq.params.prompt_logprobs is not None else None,
+            num_cached_tokens=seq.num_cached_tokens,
+            error=seq.error,
         )
+
+    # ----- prefix pinning and statistics ---------------------------------------
+    def pin_prefix(self, token_ids: list[int], cache_salt: str = "") -> list:
+        """Protect the cached pages of this prefix from eviction; returns a handle for unpin."""
+        if self.prefix_cache is None:
+            return []
+        nodes = self.prefix_cache.match(list(token_ids) + [0], cache_salt, record=False).nodes
+        self.prefix_cache.pin(nodes)
+        return nodes
+
+    def unpin_prefix(self, handle: list) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.unpin(handle)
+
+    def stats(self) -> dict:
+        page = self.config.page_size
+        cache_only = 0
+        if self.prefix_cache is not None:
+            cache_only = self.prefix_cache.pages_held_only_by_cache()
+        used_pages = self.allocator.num_pages - self.allocator.num_free - cache_only
+        return {
+            "kv_cache_dtype": self.kv_dtype,
+            "page_size": page,
+            "capacity_tokens": self.pool.capacity_tokens,
+            "used_tokens": used_pages * page,
+            "cached_tokens": cache_only * page,
+            "cache_hit_rate": self.prefix_cache.hit_rate if self.prefix_cache else 0.0,
+            "max_context_tokens": self.max_model_len,
+            "kv_bytes_per_token": kv_bytes_per_token(self.layout, self.kv_dtype),
+            "kv_scales": {"source": self.pool.scale_source, **self.pool.scales()},
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+        }

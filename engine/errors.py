@@ -19,3 +19,7 @@ class PromptTooLongError(EngineError):
 
 class KVCapacityError(EngineError):
     """The KV memory budget cannot hold what was asked of it."""
+
+
+class EngineOverloadedError(EngineError):
+    """The waiting queue is full; the caller should retry later."""

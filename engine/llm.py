@@ -8,6 +8,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
+from engine.errors import KVCapacityError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -77,6 +78,10 @@ class LLM:
         final: dict[str, RequestOutput] = {}
         while len(final) < len(request_ids):
             for output in self.engine.step():
+                if output.error:
+                    for request_id in request_ids:
+                        self.engine.abort(request_id)
+                    raise KVCapacityError(output.error)
                 if output.finished:
                     final[output.request_id] = output
             if not self.engine.has_unfinished() and len(final) < len(request_ids):

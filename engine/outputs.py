@@ -13,7 +13,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
-    finish_reason: str | None = None  # "stop", "length", "abort"
+    finish_reason: str | None = None  # "stop", "length", "abort", "error"
     stop_reason: str | int | None = None  # the stop string or token that ended it
     delta_text: str = ""  # text new since the previous output of this request
     delta_token_ids: list[int] = field(default_factory=list)
@@ -28,3 +28,4 @@ class RequestOutput:
     finished: bool
     prompt_logprobs: list[TokenLogprob | None] | None = None
     num_cached_tokens: int = 0
+    error: str | None = None  # set when finish_reason is "error"

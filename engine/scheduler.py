@@ -4,8 +4,14 @@ Each step has a token budget. Running sequences go first (a decode costs one
 token, a prefill in progress takes a chunk of what is left), then waiting
 sequences are admitted in arrival order while the budget, the sequence limit
 and free pages allow. When a running sequence needs a page and none is free,
-the most recently arrived running sequence is preempted: its pages are freed
-and it goes back to the head of the queue to be recomputed later.
+unreferenced prefix-cache pages are evicted first; failing that, the most
+recently arrived running sequence is preempted: its pages are freed and it
+goes back to the head of the queue to be recomputed later.
+
+Page ownership: a sequence holds one reference on every page in its page
+table, the prefix cache one on every page in its tree. The scheduler takes a
+sequence's references (allocation, or retaining cached pages on a prefix hit)
+and gives them back when the sequence finishes or is preempted.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from engine.errors import EngineOverloadedError
 from engine.kv.pages import PageAllocator
+from engine.kv.radix import RadixCache
 from engine.sequence import Sequence, SequenceStatus
 
 
@@ -35,15 +43,24 @@ class Scheduler:
         page_size: int,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        prefix_cache: RadixCache | None = None,
+        max_waiting: int | None = None,
     ):
         self.allocator = allocator
+        self.prefix_cache = prefix_cache
+        self.max_waiting = max_waiting
         self.page_size = page_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.failed: list[Sequence] = []  # given up on during the last schedule()
 
     def add(self, seq: Sequence) -> None:
+        if self.max_waiting is not None and len(self.waiting) >= self.max_waiting:
+            raise EngineOverloadedError(
+                f"{len(self.waiting)} requests are already waiting; retry shortly"
+            )
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -59,6 +76,9 @@ class Scheduler:
 
     def _grow(self, seq: Sequence, num_tokens: int) -> bool:
         needed = self._pages_needed(seq, num_tokens)
+        shortfall = needed - self.allocator.num_free
+        if shortfall > 0 and self.prefix_cache is not None:
+            self.prefix_cache.evict(shortfall)
         if not self.allocator.can_allocate(needed):
             return False
         seq.pages.extend(self.allocator.allocate(needed))
@@ -70,6 +90,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self.cache(seq)  # its recompute may then find its own pages still cached
         self.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
@@ -77,6 +98,7 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def schedule(self) -> list[ScheduledSequence]:
+        self.failed = []
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSequence] = []
         # Running sequences in arrival order; the newest are preempted first.
@@ -96,8 +118,17 @@ class Scheduler:
                 budget -= num_tokens
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            self._reuse_cached_prefix(seq)
             num_tokens = self._chunk(seq, budget)
             if not self._grow(seq, num_tokens):
+                self.free(seq)
+                seq.num_computed_tokens = 0
+                if not self.running and not scheduled:
+                    # Nothing will ever free more pages: fail it rather than wait forever.
+                    self.waiting.popleft()
+                    self._fail_unschedulable(seq, num_tokens)
+                    self.failed.append(seq)
+                    continue
                 break
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
@@ -106,6 +137,36 @@ class Scheduler:
             budget -= num_tokens
         return scheduled
 
+    def _fail_unschedulable(self, seq: Sequence, num_tokens: int) -> None:
+        needed = -(-num_tokens // self.page_size)
+        pinned = self.allocator.num_pages - self.allocator.num_free
+        seq.error = (
+            f"the request needs {needed} KV pages but only {self.allocator.num_free} of "
+            f"{self.allocator.num_pages} can be freed ({pinned} are pinned in the prefix "
+            "cache); unpin prefixes or raise --kv-memory"
+        )
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = "error"
+
+    def _reuse_cached_prefix(self, seq: Sequence) -> None:
+        """Start a fresh sequence after the longest prefix the cache holds for its salt."""
+        if self.prefix_cache is None or seq.pages or seq.num_computed_tokens:
+            return
+        if seq.params.prompt_logprobs is not None or seq.collect_logits:
+            return  # cached positions have no logits to report
+        match = self.prefix_cache.match(seq.token_ids, seq.cache_salt)
+        for page in match.pages:
+            self.allocator.retain(page)
+        seq.pages = list(match.pages)
+        seq.num_computed_tokens = match.num_pages * self.page_size
+        seq.num_cached_tokens = max(seq.num_cached_tokens, seq.num_computed_tokens)
+
+    def cache(self, seq: Sequence) -> None:
+        """Offer the sequence's computed full pages to the prefix cache."""
+        if self.prefix_cache is not None and seq.pages:
+            computed = seq.token_ids[: seq.num_computed_tokens]
+            self.prefix_cache.insert(computed, seq.pages, seq.cache_salt)
+
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
@@ -113,4 +174,6 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        if reason != "abort":
+            self.cache(seq)
         self.free(seq)

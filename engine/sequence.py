@@ -42,6 +42,9 @@ class Sequence:
     num_preemptions: int = 0
     first_token_time: float | None = None
     prompt_text: str | None = None
+    cache_salt: str = ""
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
+    error: str | None = None  # why the engine gave up on it (finish_reason "error")
     max_chunk: int | None = None  # cap on tokens per step (tests of chunking)
     collect_logits: bool = False  # keep every prompt position's logits (scoring)
     collected_logits: list[torch.Tensor] = field(default_factory=list)

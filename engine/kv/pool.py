@@ -82,6 +82,13 @@ class PagedKVPool:
         self._calibrated = [True] * n
         self._scale_cache = {}
 
+    def page_bytes(self, page: int) -> bytes:
+        """The stored bytes of one page across all layers (prefix-cache verification)."""
+        start = page * self.page_size
+        rows = self.storage[:, start : start + self.page_size].contiguous()
+        raw = rows.view(torch.uint8) if rows.element_size() == 1 else rows.view(torch.int16)
+        return raw.cpu().numpy().tobytes()
+
     def scales(self) -> dict[str, list[float]]:
         return {"k": self.k_scale.tolist(), "v": self.v_scale.tolist()}
 
