@@ -29,4 +29,7 @@ class EngineConfig(BaseModel):
     verify_prefix_cache: bool = False  # hash shared pages and check them on reuse
     max_waiting: int | None = Field(default=None, ge=1)  # beyond it: overloaded
     seed: int = 0
+    # Batch-, chunk- and cache-invariant reductions: bit-identical outputs however
+    # requests are batched, at a cost in speed (DESIGN.md §3).
+    deterministic: bool = False
     device: str | None = None

@@ -1,0 +1,147 @@
+"""AsyncEngine: the LLMEngine driven by one background thread, streamed to asyncio callers.
+
+The engine is not thread-safe, so every touch of it (adding, aborting,
+stepping, reading stats) happens on the engine thread; callers hand it
+commands through a queue and get results back through futures and per-request
+asyncio queues. torch releases the GIL inside its kernels, so the event loop
+stays responsive while a step runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread has stopped; no more requests can be served."""
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None):
+        self.engine = engine or LLMEngine(config)
+        self.config = self.engine.config
+        self._commands: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="resident-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    # ----- the engine thread ----------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stopped.is_set():
+            self._run_commands(block=not self.engine.has_unfinished())
+            if self._stopped.is_set() or not self.engine.has_unfinished():
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as err:  # a bug or a failed check: fail requests, keep serving
+                log.exception("engine step failed")
+                self._fail_all(err)
+                continue
+            for output in outputs:
+                self._deliver(output.request_id, output)
+
+    def _run_commands(self, block: bool) -> None:
+        try:
+            command, future = self._commands.get(timeout=0.5 if block else 0)
+        except queue.Empty:
+            return
+        while True:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(command())
+                except BaseException as err:  # handed back to the caller
+                    future.set_exception(err)
+            try:
+                command, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        target = self._streams.get(request_id)
+        if target is None:
+            return
+        loop, stream = target
+        if isinstance(item, BaseException) or item.finished:
+            self._streams.pop(request_id, None)
+        try:
+            loop.call_soon_threadsafe(stream.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed
+            pass
+
+    def _fail_all(self, err: BaseException) -> None:
+        for request_id in list(self._streams):
+            self.engine.abort(request_id)
+            self._deliver(request_id, err)
+
+    # ----- caller side ------------------------------------------------------------
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the engine thread and await its result."""
+        if self._stopped.is_set() or not self._thread.is_alive():
+            raise EngineDeadError("the engine has stopped")
+        future: Future = Future()
+        self._commands.put((fn, future))
+        return await asyncio.wrap_future(future)
+
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        cache_salt: str = "",
+    ) -> AsyncIterator[RequestOutput]:
+        """Outputs for one request as it progresses; the last has `finished` set.
+
+        Validation errors (prompt too long, bad token ids, a full queue) are
+        raised before the first output. Leaving the loop early (a client that
+        disconnected) aborts the request and frees its pages at once.
+        """
+        loop = asyncio.get_running_loop()
+        stream: asyncio.Queue = asyncio.Queue()
+
+        def add() -> None:
+            self.engine.add_request(prompt, params, request_id=request_id, cache_salt=cache_salt)
+            self._streams[request_id] = (loop, stream)
+
+        await self.call(add)
+        finished = False
+        try:
+            while True:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self._streams.pop(request_id, None)
+                self._commands.put((lambda: self.engine.abort(request_id), Future()))
+
+    async def abort(self, request_id: str) -> None:
+        await self.call(lambda: self.engine.abort(request_id))
+
+    async def stats(self) -> dict:
+        return await self.call(self.engine.stats)
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=10)
