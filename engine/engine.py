@@ -23,6 +23,7 @@ from engine.kv.pages import PageAllocator
 from engine.kv.pool import PagedKVPool
 from engine.kv.radix import RadixCache
 from engine.kv.sizing import kv_bytes_per_token
+from engine.layers.batch_invariant import make_linear_layers_batch_invariant
 from engine.loader import load_model
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.runner import ModelRunner
@@ -107,10 +108,12 @@ class LLMEngine:
             prefix_cache=self.prefix_cache,
             max_waiting=config.max_waiting,
         )
+        if config.deterministic:
+            self._enable_deterministic()
         self.runner = ModelRunner(
             self.model,
             self.pool,
-            get_backend(config.attention_backend),
+            get_backend(config.attention_backend, config.deterministic),
             config.page_size,
             self.device,
         )
@@ -158,6 +161,14 @@ class LLMEngine:
             pool.scale_source,
         )
         return pool
+
+    def _enable_deterministic(self) -> None:
+        if not getattr(self.model, "supports_deterministic", False):
+            raise EngineError(
+                f"--deterministic is implemented for dense GQA models (Llama, Qwen2, GLM-4); "
+                f"{self.model_config.architecture} is not one yet"
+            )
+        make_linear_layers_batch_invariant(self.model)
 
     @property
     def capacity_tokens(self) -> int:
@@ -227,7 +238,17 @@ class LLMEngine:
         if not batch:
             return failed
         want = {i for i, item in enumerate(batch) if self._wants_chunk_logits(item)}
-        out = self.runner.run(batch, want)
+        if self.config.deterministic:
+            # One thread: no reduction is split across threads differently for
+            # different batch shapes.
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                out = self.runner.run(batch, want)
+            finally:
+                torch.set_num_threads(threads)
+        else:
+            out = self.runner.run(batch, want)
         for index, logits in out.chunk_logits.items():
             self._record_prompt_logits(batch[index], logits)
         sampled = {}

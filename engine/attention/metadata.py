@@ -22,6 +22,8 @@ class AttentionMetadata:
     context_slots: torch.Tensor  # [B, L] cache slots of each sequence's context
     mask: torch.Tensor | None  # [B, 1, Q, L] True where a query may attend; None = all
     is_causal_single: bool  # one sequence, no cached prefix: plain causal attention
+    query_lens: list[int]
+    context_lens: list[int]
 
     @classmethod
     def build(
@@ -62,4 +64,6 @@ class AttentionMetadata:
             context_slots=slots.to(device),
             mask=mask,
             is_causal_single=is_causal_single,
+            query_lens=list(query_lens),
+            context_lens=list(context_lens),
         )

@@ -48,9 +48,13 @@ class TorchAttentionBackend:
         return out[meta.output_index]
 
 
-def get_backend(name: str):
-    if name == "torch":
-        return TorchAttentionBackend()
+def get_backend(name: str, deterministic: bool = False):
     from engine.errors import EngineError
 
-    raise EngineError(f"attention backend {name!r} is not available; available: torch")
+    if name != "torch":
+        raise EngineError(f"attention backend {name!r} is not available; available: torch")
+    if deterministic:
+        from engine.attention.deterministic import DeterministicAttentionBackend
+
+        return DeterministicAttentionBackend()
+    return TorchAttentionBackend()

@@ -33,6 +33,8 @@ class CausalLM(nn.Module):
     # checkpoint tensors that carry nothing the engine needs
     ignored_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
     tie_word_embeddings: bool = False
+    # Whether --deterministic's batch-invariant kernels cover every reduction it runs.
+    supports_deterministic: bool = False
 
     def kv_layout(self) -> KVLayout:
         """What one token costs in the KV cache; GQA by default, MLA models override."""

@@ -38,6 +38,7 @@ class Glm4DecoderLayer(nn.Module):
 
 
 class Glm4ForCausalLM(CausalLM):
+    supports_deterministic = True
     # GLM-4 checkpoints already fuse gate and up into `gate_up_proj` as [gate | up].
     packed_modules = {
         "q_proj": ("qkv_proj", "q"),

@@ -91,6 +91,7 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
+    supports_deterministic = True
     packed_modules = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),

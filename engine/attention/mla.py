@@ -1,0 +1,146 @@
+"""Multi-head latent attention over the paged latent pool, in torch (the CPU reference).
+
+Per token the cache holds `[c (lora_rank) | k_rope (rope_dim)]`. Head h sees
+    k_h = [W_UK[h] c | k_rope]      v_h = W_UV[h] c
+with W_UK and W_UV the two halves of kv_b_proj. Two exact ways to attend:
+
+- expanded: materialise k_h and v_h for the whole context and run ordinary
+  attention with head dim nope_dim + rope_dim. The work of expanding grows
+  with context length times heads times (nope_dim + v_dim) times lora_rank;
+  worth it when many queries share it (prefill).
+- absorbed: q_h·k_h = (W_UK[h]ᵀ q_nope_h)·c + q_rope_h·k_rope, so fold W_UK
+  into the query once per query and attend over the latent rows directly,
+  as multi-query attention with a single 576-wide KV head whose values are
+  the latents themselves; the output's W_UV comes after. The context is read
+  once, never expanded: the decode path.
+
+Both read the context back from the pool (this step's tokens included), so
+fp8 mode always attends over the stored values, like the GQA backend. FP8
+dequant factors fold into the query (scores) and the output (values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.metadata import AttentionMetadata
+
+PATHS = ("auto", "absorbed", "expanded")
+
+
+@dataclass(frozen=True)
+class MLADims:
+    num_heads: int
+    nope_dim: int  # qk_nope_head_dim
+    rope_dim: int  # qk_rope_head_dim
+    v_dim: int  # v_head_dim
+    lora_rank: int  # kv_lora_rank
+
+
+def choose_path(meta: AttentionMetadata, dims: MLADims) -> str:
+    """The cheaper path for this step, by multiply-add count.
+
+    Expanding costs a kv_b_proj product per context row plus attention at
+    width nope+rope+v; absorbing costs two small products per query plus
+    attention at width 2*lora_rank+rope. One query per sequence always
+    absorbs; long prefills expand.
+    """
+    batch, queries = meta.query_index.shape
+    context = meta.context_slots.shape[1]
+    h, r = dims.num_heads, dims.lora_rank
+    head_width = dims.nope_dim + dims.v_dim
+    expand = batch * context * h * r * head_width
+    expand += batch * h * queries * context * (dims.nope_dim + dims.rope_dim + dims.v_dim)
+    absorb = batch * queries * h * r * head_width
+    absorb += batch * h * queries * context * (2 * r + dims.rope_dim)
+    return "absorbed" if absorb <= expand else "expanded"
+
+
+def mla_attention(
+    layer: int,
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    latent: torch.Tensor,
+    k_rope: torch.Tensor,
+    kv_b_weight: torch.Tensor,
+    pool,
+    meta: AttentionMetadata,
+    dims: MLADims,
+    softmax_scale: float,
+    path: str = "auto",
+) -> torch.Tensor:
+    """Write this step's latents, attend over each sequence's context; returns [T, H, v_dim].
+
+    q_nope [T, H, nope], q_rope [T, H, rope] (rotated), latent [T, lora_rank]
+    (normalised), k_rope [T, rope] (rotated), kv_b_weight [H*(nope+v), lora_rank].
+    """
+    if path not in PATHS:
+        raise ValueError(f"MLA path {path!r}: use one of {PATHS}")
+    pool.write(layer, latent, k_rope, meta.slot_mapping)
+    rows, latent_factor, rope_factor = pool.gather(layer, meta.context_slots, q_nope.dtype)
+    if path == "auto":
+        path = choose_path(meta, dims)
+    attend = _absorbed if path == "absorbed" else _expanded
+    out = attend(
+        q_nope, q_rope, rows, latent_factor, rope_factor, kv_b_weight, meta, dims, softmax_scale
+    )
+    return out.flatten(0, 1)[meta.output_index]
+
+
+def _expanded(
+    q_nope, q_rope, rows, latent_factor, rope_factor, kv_b_weight, meta, dims, scale
+) -> torch.Tensor:
+    """Materialise per-head K and V from the latents, then ordinary attention -> [B, Q, H, v]."""
+    batch, context = rows.shape[:2]
+    h, r = dims.num_heads, dims.lora_rank
+    latent, rope = rows[..., :r], rows[..., r:]
+    if latent_factor != 1.0:
+        latent = latent * latent_factor
+    if rope_factor != 1.0:
+        rope = rope * rope_factor
+    kv = F.linear(latent, kv_b_weight).view(batch, context, h, dims.nope_dim + dims.v_dim)
+    k_nope, values = kv.split([dims.nope_dim, dims.v_dim], dim=-1)
+    keys = torch.cat([k_nope, rope.unsqueeze(2).expand(-1, -1, h, -1)], dim=-1)
+    queries = torch.cat([q_nope, q_rope], dim=-1)[meta.query_index]  # [B, Q, H, nope+rope]
+    out = F.scaled_dot_product_attention(
+        queries.transpose(1, 2),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=meta.mask,
+        is_causal=meta.is_causal_single,
+        scale=scale,
+    )  # [B, H, Q, v]
+    return out.transpose(1, 2)
+
+
+def _absorbed(
+    q_nope, q_rope, rows, latent_factor, rope_factor, kv_b_weight, meta, dims, scale
+) -> torch.Tensor:
+    """Attend over latent rows with W_UK folded into q and W_UV applied after -> [B, Q, H, v]."""
+    h, r = dims.num_heads, dims.lora_rank
+    per_head = kv_b_weight.view(h, dims.nope_dim + dims.v_dim, r)
+    w_uk, w_uv = per_head[:, : dims.nope_dim], per_head[:, dims.nope_dim :]
+    q_latent = torch.einsum("thn,hnr->thr", q_nope, w_uk)
+    # Dequant factors of the stored rows, moved onto the (smaller) query side.
+    if latent_factor != 1.0:
+        q_latent = q_latent * latent_factor
+    if rope_factor != 1.0:
+        q_rope = q_rope * rope_factor
+    queries = torch.cat([q_latent, q_rope], dim=-1)[meta.query_index]  # [B, Q, H, r+rope]
+    keys = rows.unsqueeze(1)  # [B, 1, L, r+rope]: one KV head shared by all query heads
+    out_latent = F.scaled_dot_product_attention(
+        queries.transpose(1, 2),
+        keys,
+        keys[..., :r],
+        attn_mask=meta.mask,
+        is_causal=meta.is_causal_single,
+        scale=scale,
+        enable_gqa=True,
+    )  # [B, H, Q, r]
+    out = torch.einsum("bhqr,hvr->bqhv", out_latent, w_uv)
+    if latent_factor != 1.0:
+        out = out * latent_factor
+    return out
