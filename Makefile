@@ -20,7 +20,9 @@ run: setup
 	$(BIN)/resident
 
 test: setup
-	$(BIN)/python -m pytest -q
+	# One torch thread per test process: small ops stall badly when OpenMP
+	# threads wait on a core something else holds, and the suite gains nothing.
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

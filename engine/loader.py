@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -13,6 +13,8 @@ from safetensors import safe_open
 from engine.errors import CheckpointError
 from engine.model_config import ModelConfig, load_config
 from engine.models import model_class
+from engine.weights.formats import weight_decoder
+from engine.weights.names import CheckpointNames
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +50,17 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     )
 
 
-def iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(
+    files: list[Path], rename: Callable[[str], str | None] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors of the files in turn; `rename` maps a name to the model's, or None to skip it unread."""
     for file in files:
         try:
             with safe_open(str(file), framework="pt") as handle:
                 for name in handle.keys():
-                    yield name, handle.get_tensor(name)
+                    target = rename(name) if rename is not None else name
+                    if target is not None:
+                        yield target, handle.get_tensor(name)
         except (OSError, RuntimeError, ValueError) as err:
             if isinstance(err, CheckpointError):
                 raise
@@ -79,17 +86,24 @@ def load_model(
     files = checkpoint_files(model_dir)
     model = cls(cfg)
     # Parameters take the serving dtype; buffers (rotary tables) stay float32,
-    # as transformers keeps them.
-    for param in model.parameters():
-        param.data = param.data.to(dtype)
+    # as transformers keeps them, and so do parameters the model asks to keep
+    # (MoE routers, whose expert ranking rounding would change).
+    keep_fp32 = tuple(getattr(model, "fp32_parameter_suffixes", ()))
+    for name, param in model.named_parameters():
+        if not (keep_fp32 and name.endswith(keep_fp32)):
+            param.data = param.data.to(dtype)
     scale_tensors: dict[str, torch.Tensor] = {}
+    names = CheckpointNames(cfg)
+    # Quantized checkpoints (FP8 block, INT4) become plain weights in the serving dtype.
+    decoder = weight_decoder(cfg, dtype, names.prefix)
 
     def weights() -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in iter_tensors(files):
+        for name, tensor in decoder.stream(iter_tensors(files, names.map)):
             if name.endswith(("self_attn.k_scale", "self_attn.v_scale")):
                 scale_tensors[name] = tensor
                 continue
             yield name, tensor
+        names.log_skipped()
 
     model.load_weights(weights())
     model.to(device=device)

@@ -17,6 +17,15 @@ from engine.errors import CheckpointError
 # Configs whose model_type transformers does not know but whose weights follow
 # a known architecture.
 MODEL_TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
+# The architecture to assume when a config (typically a nested text_config)
+# names a model_type but no `architectures`.
+MODEL_TYPE_ARCHITECTURES = {
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "glm4_moe": "Glm4MoeForCausalLM",
+    "glm4": "Glm4ForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
 
 
 @dataclass
@@ -27,6 +36,10 @@ class ModelConfig:
     architecture: str
     path: Path | None = None
     rope: dict[str, Any] = field(default_factory=dict)
+    # model_type of the multimodal wrapper whose text_config this is (kimi_k25), else None.
+    wrapper_model_type: str | None = None
+    # quantization_config from the text config or, failing that, the wrapper.
+    quantization: dict[str, Any] | None = None
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.raw.get(key, default)
@@ -102,23 +115,36 @@ def _normalise_rope(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def parse_config(raw: dict[str, Any], path: Path | None = None) -> ModelConfig:
     """Normalise a config dict: unwrap `text_config`, alias model types, read rope."""
+    wrapper_type = None
+    quantization = raw.get("quantization_config")
     if raw.get("model_type") == "kimi_k25" or (
         "text_config" in raw and "num_hidden_layers" not in raw
     ):
         text = dict(raw.get("text_config") or {})
         if not text:
             raise CheckpointError(f"{path}: config has no text_config to load")
+        wrapper_type = raw.get("model_type") or "unknown"
         raw = text
     raw = dict(raw)
+    quantization = raw.get("quantization_config") or quantization
     model_type = raw.get("model_type")
     if model_type in MODEL_TYPE_ALIASES:
         raw["model_type"] = MODEL_TYPE_ALIASES[model_type]
     archs = raw.get("architectures") or []
+    if not archs and raw.get("model_type") in MODEL_TYPE_ARCHITECTURES:
+        archs = [MODEL_TYPE_ARCHITECTURES[raw["model_type"]]]
     if not archs:
         raise CheckpointError(
             f"{path or 'config'}: no 'architectures' entry, so the model class is unknown"
         )
-    return ModelConfig(raw=raw, architecture=archs[0], path=path, rope=_normalise_rope(raw))
+    return ModelConfig(
+        raw=raw,
+        architecture=archs[0],
+        path=path,
+        rope=_normalise_rope(raw),
+        wrapper_model_type=wrapper_type,
+        quantization=quantization,
+    )
 
 
 def load_config(model_dir: Path) -> ModelConfig:

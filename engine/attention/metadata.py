@@ -24,6 +24,8 @@ class AttentionMetadata:
     is_causal_single: bool  # one sequence, no cached prefix: plain causal attention
     query_lens: list[int]
     context_lens: list[int]
+    decode_only: bool = False  # every sequence has exactly one query this step
+    key_padding: torch.Tensor | None = None  # [B, 1, 1, L] True at padding (decode only)
 
     @classmethod
     def build(
@@ -57,7 +59,17 @@ class AttentionMetadata:
             positions = torch.arange(max_l)
             mask = (positions[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
             mask = mask.to(device)
+        decode_only = max_q == 1
+        key_padding = None
+        if decode_only and batch > 1:
+            lengths = torch.tensor(context_lens)
+            key_padding = (torch.arange(max_l)[None, :] >= lengths[:, None]).view(
+                batch, 1, 1, max_l
+            )
+            key_padding = key_padding.to(device)
         return cls(
+            decode_only=decode_only,
+            key_padding=key_padding,
             slot_mapping=slot_mapping.to(device),
             query_index=query_index.to(device),
             output_index=output_index.to(device),

@@ -31,6 +31,8 @@ class TorchAttentionBackend:
     ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> attention output [T, Hq, Dv]."""
         pool.write(layer, k, v, meta.slot_mapping)
+        if meta.decode_only:
+            return self._decode(layer, q, pool, meta, softmax_scale)
         keys, values, k_factor, v_factor = pool.gather(layer, meta.context_slots, q.dtype)
         queries = q[meta.query_index]  # [B, Q, Hq, D]
         out = F.scaled_dot_product_attention(
@@ -46,6 +48,27 @@ class TorchAttentionBackend:
             out = out * v_factor
         out = out.transpose(1, 2).flatten(0, 1)  # [B*Q, Hq, Dv]
         return out[meta.output_index]
+
+    @staticmethod
+    def _decode(layer, q, pool, meta: AttentionMetadata, softmax_scale: float) -> torch.Tensor:
+        """One query per sequence: grouped matrix products in float32, no KV-head repeat.
+
+        SDPA's CPU kernel is slow for a single query over a long context; two
+        batched products over [B, kv_heads, group, L] are not.
+        """
+        batch = q.shape[0]
+        keys, values, k_factor, v_factor = pool.gather(layer, meta.context_slots, torch.float32)
+        kv_heads, dim = keys.shape[2], keys.shape[3]
+        queries = q.float().view(batch, kv_heads, -1, q.shape[-1])  # [B, Hkv, G, D]
+        scores = torch.matmul(queries, keys.permute(0, 2, 3, 1))  # [B, Hkv, G, L]
+        scores.mul_(softmax_scale * k_factor)
+        if meta.key_padding is not None:
+            scores.masked_fill_(meta.key_padding, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out = torch.matmul(probs, values.transpose(1, 2))  # [B, Hkv, G, Dv]
+        if v_factor != 1.0:
+            out.mul_(v_factor)
+        return out.view(batch, -1, values.shape[-1]).to(q.dtype)
 
 
 def get_backend(name: str, deterministic: bool = False):

@@ -10,9 +10,13 @@ from engine.kv.sizing import KVLayout
 def make_pool(
     layout: KVLayout, num_pages: int, page_size: int, kv_dtype: str, device: torch.device
 ):
-    """The pool that stores this layout: per-head K/V pages for GQA."""
+    """The pool that stores this layout: per-head K/V pages for GQA, latent rows for MLA."""
     if layout.kind == "gqa":
         from engine.kv.pool import PagedKVPool
 
         return PagedKVPool(layout, num_pages, page_size, kv_dtype, device)
+    if layout.kind == "mla":
+        from engine.kv.mla_pool import MLALatentPool
+
+        return MLALatentPool(layout, num_pages, page_size, kv_dtype, device)
     raise ValueError(f"no KV pool for layout kind {layout.kind!r}")

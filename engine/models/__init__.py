@@ -6,7 +6,9 @@ from engine.errors import UnsupportedModelError
 
 
 def _registry() -> dict[str, type]:
+    from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
     from engine.models.glm4 import Glm4ForCausalLM
+    from engine.models.glm4_moe import Glm4MoeForCausalLM
     from engine.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
 
     return {
@@ -14,6 +16,8 @@ def _registry() -> dict[str, type]:
         "MistralForCausalLM": LlamaForCausalLM,
         "Qwen2ForCausalLM": Qwen2ForCausalLM,
         "Glm4ForCausalLM": Glm4ForCausalLM,
+        "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
+        "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     }
 
 

@@ -1,0 +1,139 @@
+"""The paged latent pool for multi-head latent attention (MLA: DeepSeek V3, Kimi K2.x).
+
+MLA caches no per-head K or V. Each token keeps one row per layer:
+`[latent (kv_lora_rank) | rope key (qk_rope_head_dim)]`, 512 + 64 = 576 values
+for Kimi. The latent serves as both K and V (heads expand it through
+kv_b_proj, or absorb that matrix into q and the output), so it needs one
+scale; the rope key has its own scale because its range differs (it is
+rotated but not normalised). Rows sit at `slot = page * page_size + offset`,
+as in the GQA pool, so the page allocator and prefix cache treat both alike.
+
+In fp8 mode rows are stored as e4m3 bytes, quantized on write with the
+saturating clamp (DESIGN.md §3); scales come from `set_scales` (checkpoint or
+file), else from the first write of each layer (amax / 448 with headroom),
+then stay frozen. Gather returns the bytes decoded exactly but unscaled, plus
+the factors that finish the job, so attention can fold them into the query
+and the output instead of spending a pass over the context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.kv.quant import HALF_TRICK_FACTOR, calibrate_scale, fp8_bits_to_half, quantize_fp8
+from engine.kv.sizing import KVLayout
+
+STORAGE_DTYPES = {"bf16": torch.bfloat16, "float32": torch.float32, "fp8_e4m3": torch.uint8}
+
+
+@dataclass(frozen=True)
+class MLALayout(KVLayout):
+    """A KVLayout of kind "mla" that also says how many trailing values are the rope key."""
+
+    rope_dim: int = 0
+
+    @property
+    def lora_rank(self) -> int:
+        return self.latent_dim - self.rope_dim
+
+
+class MLALatentPool:
+    def __init__(
+        self,
+        layout: KVLayout,
+        num_pages: int,
+        page_size: int,
+        kv_dtype: str,
+        device: torch.device | str = "cpu",
+        scale_source: str = "calibrate",
+    ):
+        if layout.kind != "mla":
+            raise ValueError("MLALatentPool stores MLA latent rows; GQA needs PagedKVPool")
+        if kv_dtype not in STORAGE_DTYPES:
+            raise ValueError(f"kv dtype {kv_dtype!r}: use one of {sorted(STORAGE_DTYPES)}")
+        self.layout = layout
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.kv_dtype = kv_dtype
+        self.is_fp8 = kv_dtype == "fp8_e4m3"
+        self.device = torch.device(device)
+        self.rope_dim = getattr(layout, "rope_dim", 0)
+        if not 0 < self.rope_dim < layout.latent_dim:
+            raise ValueError("the MLA pool needs an MLALayout that says where the rope key starts")
+        self.lora_rank = layout.latent_dim - self.rope_dim
+        shape = (layout.num_layers, num_pages * page_size, layout.latent_dim)
+        # uint8 for fp8: index_copy_/index_select are not defined for float8 on
+        # every torch build, and the bytes are the same.
+        self.storage = torch.empty(shape, dtype=STORAGE_DTYPES[kv_dtype], device=self.device)
+        self.latent_scale = torch.ones(layout.num_layers, dtype=torch.float32)
+        self.rope_scale = torch.ones(layout.num_layers, dtype=torch.float32)
+        self.scale_source = scale_source if self.is_fp8 else "none"
+        self._calibrated = [scale_source != "calibrate"] * layout.num_layers
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.storage.numel() * self.storage.element_size()
+
+    def set_scales(self, latent_scale: torch.Tensor, rope_scale: torch.Tensor, source: str) -> None:
+        """Use fixed per-layer scales for the latent and for the rope key."""
+        n = self.layout.num_layers
+        latent_scale = torch.as_tensor(latent_scale, dtype=torch.float32).flatten()
+        rope_scale = torch.as_tensor(rope_scale, dtype=torch.float32).flatten()
+        if latent_scale.numel() != n or rope_scale.numel() != n:
+            raise ValueError(
+                f"expected {n} latent and rope scales, got "
+                f"{latent_scale.numel()}/{rope_scale.numel()}"
+            )
+        if bool((latent_scale <= 0).any() or (rope_scale <= 0).any()):
+            raise ValueError("KV scales must be positive")
+        self.latent_scale = latent_scale.clone()
+        self.rope_scale = rope_scale.clone()
+        self.scale_source = source
+        self._calibrated = [True] * n
+
+    def page_bytes(self, page: int) -> bytes:
+        """The stored bytes of one page across all layers (prefix-cache verification)."""
+        start = page * self.page_size
+        rows = self.storage[:, start : start + self.page_size].contiguous()
+        raw = rows.view(torch.uint8) if rows.element_size() == 1 else rows.view(torch.int16)
+        return raw.cpu().numpy().tobytes()
+
+    def scales(self) -> dict[str, list[float]]:
+        return {"latent": self.latent_scale.tolist(), "rope": self.rope_scale.tolist()}
+
+    def write(
+        self, layer: int, latent: torch.Tensor, rope: torch.Tensor, slots: torch.Tensor
+    ) -> None:
+        """Store new tokens' latent [T, lora_rank] and rotated rope key [T, rope_dim] at `slots`."""
+        if self.is_fp8:
+            if not self._calibrated[layer]:
+                self.latent_scale[layer] = calibrate_scale(latent)
+                self.rope_scale[layer] = calibrate_scale(rope)
+                self._calibrated[layer] = True
+            latent = quantize_fp8(latent, self.latent_scale[layer].item()).view(torch.uint8)
+            rope = quantize_fp8(rope, self.rope_scale[layer].item()).view(torch.uint8)
+        row = torch.cat([latent.to(self.storage.dtype), rope.to(self.storage.dtype)], dim=-1)
+        self.storage[layer].index_copy_(0, slots, row)
+
+    def gather(
+        self, layer: int, slots: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, float, float]:
+        """Rows at `slots` (any shape) in `dtype`, plus the latent and rope dequant factors.
+
+        The true values are `rows[..., :lora_rank] * latent_factor` and
+        `rows[..., lora_rank:] * rope_factor`.
+        """
+        rows = self.storage[layer].index_select(0, slots.reshape(-1))
+        rows = rows.view(*slots.shape, self.layout.latent_dim)
+        if not self.is_fp8:
+            return rows.to(dtype), 1.0, 1.0
+        rows = fp8_bits_to_half(rows).to(dtype)
+        latent_factor = float(self.latent_scale[layer]) * HALF_TRICK_FACTOR
+        rope_factor = float(self.rope_scale[layer]) * HALF_TRICK_FACTOR
+        return rows, latent_factor, rope_factor

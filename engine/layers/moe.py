@@ -1,0 +1,91 @@
+"""A mixture-of-experts block: router, routed experts, optional shared experts.
+
+On CPU the block loops over the experts that received at least one token and
+runs each on just its tokens (gather with index_select, scatter back with
+index_add_). A dense product over all experts would cost E/k times the work:
+48x for Kimi K2 (384 experts, 8 per token).
+
+Checkpoint names follow DeepSeek V3 and GLM-4.5: `mlp.gate.weight`,
+`mlp.gate.e_score_correction_bias`, `mlp.experts.N.*`, `mlp.shared_experts.*`.
+The router stays in float32 whatever the serving dtype (the model lists it in
+`fp32_parameter_suffixes`): expert choice is a ranking of close scores, and
+rounding the router to bfloat16 would change which experts run.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.layers.moe_routing import RoutingConfig, route
+
+# Parameter-name suffixes that the loader keeps in float32.
+ROUTER_FP32_SUFFIXES = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
+
+
+class TopKRouter(nn.Module):
+    def __init__(self, hidden_size: int, routing: RoutingConfig):
+        super().__init__()
+        self.routing = routing
+        self.weight = nn.Parameter(torch.zeros(routing.num_experts, hidden_size))
+        if routing.correction_bias:
+            self.e_score_correction_bias = nn.Parameter(torch.zeros(routing.num_experts))
+        else:
+            self.e_score_correction_bias = None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, hidden] -> (weights [T, k] float32, expert ids [T, k])."""
+        logits = F.linear(x.float(), self.weight.float())
+        bias = self.e_score_correction_bias
+        return route(logits, self.routing, None if bias is None else bias.float())
+
+
+class SparseMoE(nn.Module):
+    """Routed experts plus shared experts; each expert maps [n, hidden] -> [n, hidden]."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        routing: RoutingConfig,
+        experts: list[nn.Module],
+        shared_experts: nn.Module | None = None,
+    ):
+        super().__init__()
+        if len(experts) != routing.num_experts:
+            raise ValueError(f"{len(experts)} experts given, routing expects {routing.num_experts}")
+        self.gate = TopKRouter(hidden_size, routing)
+        self.experts = nn.ModuleList(experts)
+        self.shared_experts = shared_experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, expert_ids = self.gate(x)
+        out = self.run_experts(x, weights, expert_ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+
+    def run_experts(
+        self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Sum over each token's chosen experts of weight * expert(token), expert by expert."""
+        top_k = expert_ids.shape[1]
+        flat_ids = expert_ids.reshape(-1)
+        # Sorting the (token, slot) pairs by expert makes each expert's tokens
+        # one contiguous run; one host sync for the counts instead of one per expert.
+        order = torch.argsort(flat_ids, stable=True)
+        counts = torch.bincount(flat_ids, minlength=len(self.experts)).tolist()
+        token_rows = order // top_k
+        pair_weights = weights.reshape(-1)[order]
+        out = torch.zeros_like(x)
+        start = 0
+        for expert, count in zip(self.experts, counts, strict=True):
+            if count == 0:
+                continue
+            rows = token_rows[start : start + count]
+            y = expert(x.index_select(0, rows))
+            # Weighting in float32 and rounding once, as the reference does.
+            y = (y.float() * pair_weights[start : start + count, None]).to(x.dtype)
+            out.index_add_(0, rows, y)
+            start += count
+        return out

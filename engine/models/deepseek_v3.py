@@ -1,0 +1,179 @@
+"""DeepSeek V3 as Kimi K2, K2-Instruct-0905, K2-Thinking, K2.5 and K2.6 use it (DeepseekV3ForCausalLM).
+
+Attention is MLA (multi-head latent attention):
+- queries: `q_a_proj` -> `q_a_layernorm` -> `q_b_proj` (low-rank, q_lora_rank),
+  or one `q_proj` when the config has no q_lora_rank; per head
+  [nope (qk_nope_head_dim) | rope (qk_rope_head_dim)];
+- keys and values: `kv_a_proj_with_mqa` gives [latent (kv_lora_rank) |
+  k_rope (qk_rope_head_dim)] per token; the latent is normalised by
+  `kv_a_layernorm` and cached together with the rotated k_rope (the latent
+  pool), and `kv_b_proj` turns it into per-head k_nope and v.
+Head sizes come from qk_nope/qk_rope/v_head_dim only: the `head_dim` that
+transformers writes into the config is the rope width, not a head size.
+
+Rotary: interleaved pairs on the rope dims (`rope_interleave`, default true,
+as the original DeepSeek code), YaRN scaled, and DeepSeek's mscale multiplies
+the softmax scale (engine.layers.yarn). q_a_proj and kv_a_proj_with_mqa read
+the same input, so they run as one fused matrix.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.attention.mla import PATHS, MLADims, mla_attention
+from engine.kv.mla_pool import MLALayout
+from engine.layers.linear import FusedLinear
+from engine.layers.moe import ROUTER_FP32_SUFFIXES
+from engine.layers.moe_routing import RoutingConfig
+from engine.layers.norm import RMSNorm
+from engine.layers.rotary import RotaryEmbedding, rope_inv_freq
+from engine.layers.yarn import softmax_scale_multiplier
+from engine.model_config import ModelConfig
+from engine.models.base import CausalLM, ForwardContext
+from engine.models.llama import LlamaModel
+from engine.models.moe_mlp import feed_forward, moe_packed_modules
+
+
+def mla_dims(cfg: ModelConfig) -> MLADims:
+    return MLADims(
+        num_heads=cfg.num_heads,
+        nope_dim=cfg["qk_nope_head_dim"],
+        rope_dim=cfg["qk_rope_head_dim"],
+        v_dim=cfg["v_head_dim"],
+        lora_rank=cfg["kv_lora_rank"],
+    )
+
+
+def mla_kv_layout(cfg: ModelConfig) -> MLALayout:
+    """One latent row per token per layer: kv_lora_rank + qk_rope_head_dim (576 for Kimi)."""
+    dims = mla_dims(cfg)
+    return MLALayout(
+        num_layers=cfg.num_layers,
+        kind="mla",
+        latent_dim=dims.lora_rank + dims.rope_dim,
+        rope_dim=dims.rope_dim,
+    )
+
+
+def mla_rotary(cfg: ModelConfig) -> RotaryEmbedding:
+    """One rotary table for all layers, over the rope dims only."""
+    rope_dim = cfg["qk_rope_head_dim"]
+    max_positions = cfg.max_position_embeddings
+    inv_freq, attention_factor = rope_inv_freq(rope_dim, cfg.rope, max_positions)
+    interleaved = bool(cfg.get("rope_interleave", True))
+    return RotaryEmbedding(rope_dim, max_positions, inv_freq, interleaved, attention_factor)
+
+
+class MLAAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding):
+        super().__init__()
+        self.layer = layer
+        self.dims = dims = mla_dims(cfg)
+        hidden, h = cfg.hidden_size, dims.num_heads
+        qk_head_dim = dims.nope_dim + dims.rope_dim
+        bias = bool(cfg.get("attention_bias", False))
+        self.q_lora_rank = cfg.get("q_lora_rank")
+        kv_a_size = dims.lora_rank + dims.rope_dim
+        if self.q_lora_rank:
+            self.fused_qkv_a_proj = FusedLinear(
+                hidden, {"q_a": self.q_lora_rank, "kv_a": kv_a_size}, bias=bias
+            )
+            eps = cfg.get("rms_norm_eps", 1e-6)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank, eps)
+            self.q_b_proj = nn.Linear(self.q_lora_rank, h * qk_head_dim, bias=False)
+        else:
+            self.q_proj = nn.Linear(hidden, h * qk_head_dim, bias=False)
+            self.kv_a_proj_with_mqa = nn.Linear(hidden, kv_a_size, bias=bias)
+        self.kv_a_layernorm = RMSNorm(dims.lora_rank, cfg.get("rms_norm_eps", 1e-6))
+        self.kv_b_proj = nn.Linear(dims.lora_rank, h * (dims.nope_dim + dims.v_dim), bias=False)
+        self.o_proj = nn.Linear(h * dims.v_dim, hidden, bias=bias)
+        self.rotary = rotary
+        multiplier = softmax_scale_multiplier(cfg.rope, cfg.max_position_embeddings)
+        self.scale = qk_head_dim**-0.5 * multiplier
+        self.path = "auto"  # "absorbed" / "expanded" force one attention path (tests, benchmarks)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        dims = self.dims
+        if self.q_lora_rank:
+            q_a, kv_a = self.fused_qkv_a_proj(x).split(
+                [self.q_lora_rank, dims.lora_rank + dims.rope_dim], dim=-1
+            )
+            q = self.q_b_proj(self.q_a_layernorm(q_a))
+        else:
+            q = self.q_proj(x)
+            kv_a = self.kv_a_proj_with_mqa(x)
+        q = q.view(-1, dims.num_heads, dims.nope_dim + dims.rope_dim)
+        q_nope, q_rope = q[..., : dims.nope_dim], q[..., dims.nope_dim :]
+        latent, k_rope = kv_a.split([dims.lora_rank, dims.rope_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent)
+        k_rope = k_rope.unsqueeze(1)  # [T, 1, rope]: one rope key shared by all heads
+        self.rotary(positions, q_rope, ctx.step_cache)  # in place, through the views
+        self.rotary(positions, k_rope, ctx.step_cache)
+        out = mla_attention(
+            self.layer,
+            q_nope,
+            q_rope,
+            latent,
+            k_rope.squeeze(1),
+            self.kv_b_proj.weight,
+            ctx.pool,
+            ctx.meta,
+            dims,
+            self.scale,
+            self.path,
+        )
+        return self.o_proj(out.flatten(1))
+
+
+class DeepseekV3DecoderLayer(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding, routing: RoutingConfig | None
+    ):
+        super().__init__()
+        self.self_attn = MLAAttention(cfg, layer, rotary)
+        self.mlp = feed_forward(cfg, layer, routing)
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DeepseekV3ForCausalLM(CausalLM):
+    fp32_parameter_suffixes = ROUTER_FP32_SUFFIXES
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.packed_modules = dict(moe_packed_modules())
+        if cfg.get("q_lora_rank"):
+            self.packed_modules["q_a_proj"] = ("fused_qkv_a_proj", "q_a")
+            self.packed_modules["kv_a_proj_with_mqa"] = ("fused_qkv_a_proj", "kv_a")
+        routing = RoutingConfig.from_config(cfg.raw) if cfg.get("n_routed_experts") else None
+        rotary = mla_rotary(cfg)
+        self.model = LlamaModel(cfg, lambda i: DeepseekV3DecoderLayer(cfg, i, rotary, routing))
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_word_embeddings = bool(cfg.get("tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def kv_layout(self) -> MLALayout:
+        return mla_kv_layout(self.config)
+
+    def set_mla_path(self, path: str) -> None:
+        """Force the absorbed or expanded attention path in every layer ("auto" to choose)."""
+        if path not in PATHS:
+            raise ValueError(f"MLA path {path!r}: use one of {PATHS}")
+        for layer in self.model.layers:
+            layer.self_attn.path = path
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext):
+        return self.model(input_ids, positions, ctx)

@@ -1,0 +1,125 @@
+"""GLM-4.5 / 4.6 / 4.7 (Glm4MoeForCausalLM): GQA with qk-norm and partial NeoX rotary, MoE MLPs.
+
+Attention: explicit `head_dim` (128 on the real models, not hidden/heads),
+biases on q/k/v but not o, optional per-head RMSNorm of q and k before the
+rotary (`use_qk_norm`: GLM-4.5 and 4.6 use it, 4.5-Air does not), and NeoX
+(half-split) rotation of only the first `partial_rotary_factor` of each head.
+Note GLM-4 dense rotates interleaved pairs instead; the MoE models do not.
+
+Feed-forward: dense below `first_k_dense_replace`, then sigmoid-routed MoE
+with a shared expert (engine.models.moe_mlp). The multi-token-prediction
+layer the checkpoints carry (`num_nextn_predict_layers`) is skipped by the
+loader.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.layers.linear import FusedLinear
+from engine.layers.moe import ROUTER_FP32_SUFFIXES
+from engine.layers.moe_routing import RoutingConfig
+from engine.layers.norm import RMSNorm
+from engine.layers.rotary import RotaryEmbedding, rope_inv_freq
+from engine.model_config import ModelConfig
+from engine.models.base import CausalLM, ForwardContext
+from engine.models.llama import LlamaModel
+from engine.models.moe_mlp import feed_forward, moe_packed_modules
+
+# transformers' Glm4MoeConfig default when a config does not say.
+DEFAULT_PARTIAL_ROTARY_FACTOR = 0.5
+
+
+def shared_rotary(cfg: ModelConfig) -> RotaryEmbedding:
+    """One cos/sin table for all layers (tables for 128k+ positions are tens of MB each)."""
+    rotary_dim = int(
+        cfg.head_dim * cfg.rope.get("partial_rotary_factor", DEFAULT_PARTIAL_ROTARY_FACTOR)
+    )
+    max_positions = cfg.max_position_embeddings
+    inv_freq, scaling = rope_inv_freq(rotary_dim, cfg.rope, max_positions)
+    return RotaryEmbedding(
+        rotary_dim, max_positions, inv_freq, interleaved=False, attention_scaling=scaling
+    )
+
+
+class Glm4MoeAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding):
+        super().__init__()
+        self.layer = layer
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = FusedLinear(
+            cfg.hidden_size,
+            {"q": q_size, "k": kv_size, "v": kv_size},
+            bias=bool(cfg.get("attention_bias", False)),
+        )
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        if cfg.get("use_qk_norm", False):
+            eps = cfg.get("rms_norm_eps", 1e-5)
+            self.q_norm = RMSNorm(self.head_dim, eps)
+            self.k_norm = RMSNorm(self.head_dim, eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.rotary = rotary
+        self.scale = self.head_dim**-0.5
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(x).view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+            self.rotary(positions, q, ctx.step_cache)
+            self.rotary(positions, k, ctx.step_cache)
+        else:
+            # q and k heads are adjacent: rotate them in one call.
+            self.rotary(positions, qkv[:, : self.num_heads + self.num_kv_heads], ctx.step_cache)
+        out = ctx.backend.forward(self.layer, q, k, v, ctx.pool, ctx.meta, self.scale)
+        return self.o_proj(out.flatten(1))
+
+
+class Glm4MoeDecoderLayer(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding, routing: RoutingConfig | None
+    ):
+        super().__init__()
+        self.self_attn = Glm4MoeAttention(cfg, layer, rotary)
+        self.mlp = feed_forward(cfg, layer, routing)
+        eps = cfg.get("rms_norm_eps", 1e-5)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Glm4MoeForCausalLM(CausalLM):
+    packed_modules = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        **moe_packed_modules(),
+    }
+    fp32_parameter_suffixes = ROUTER_FP32_SUFFIXES
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        routing = RoutingConfig.from_config(cfg.raw) if cfg.get("n_routed_experts") else None
+        rotary = shared_rotary(cfg)
+        self.model = LlamaModel(cfg, lambda i: Glm4MoeDecoderLayer(cfg, i, rotary, routing))
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_word_embeddings = bool(cfg.get("tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext):
+        return self.model(input_ids, positions, ctx)

@@ -1,0 +1,42 @@
+"""The feed-forward block of DeepSeek-style MoE decoders (DeepSeek V3, Kimi K2.x, GLM-4.5+).
+
+Layers below `first_k_dense_replace` (and, for DeepSeek, layers off the
+`moe_layer_freq` beat) keep a dense SwiGLU MLP of `intermediate_size`; the
+others route each token to `num_experts_per_tok` of `n_routed_experts` small
+experts (`moe_intermediate_size`) and add `n_shared_experts` always-on ones,
+stored as one MLP of n_shared * moe_intermediate_size.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from engine.layers.moe import SparseMoE
+from engine.layers.moe_routing import RoutingConfig
+from engine.model_config import ModelConfig
+from engine.models.llama import GatedMLP
+
+
+def is_moe_layer(cfg: ModelConfig, layer: int) -> bool:
+    if not cfg.get("n_routed_experts"):
+        return False
+    first_moe = cfg.get("first_k_dense_replace") or 0
+    every = cfg.get("moe_layer_freq") or 1
+    return layer >= first_moe and layer % every == 0
+
+
+def feed_forward(cfg: ModelConfig, layer: int, routing: RoutingConfig | None) -> nn.Module:
+    """The MLP for `layer`: a SparseMoE on MoE layers, else a dense GatedMLP."""
+    hidden = cfg.hidden_size
+    if routing is None or not is_moe_layer(cfg, layer):
+        return GatedMLP(hidden, cfg["intermediate_size"])
+    expert_size = cfg["moe_intermediate_size"]
+    experts = [GatedMLP(hidden, expert_size) for _ in range(routing.num_experts)]
+    num_shared = cfg.get("n_shared_experts") or 0
+    shared = GatedMLP(hidden, expert_size * num_shared) if num_shared else None
+    return SparseMoE(hidden, routing, experts, shared)
+
+
+def moe_packed_modules() -> dict[str, tuple[str, str]]:
+    """Checkpoint gate_proj/up_proj (dense, shared and routed experts) -> fused gate_up_proj."""
+    return {"gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up")}
