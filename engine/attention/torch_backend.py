@@ -58,7 +58,7 @@ class TorchAttentionBackend:
         """
         batch = q.shape[0]
         keys, values, k_factor, v_factor = pool.gather(layer, meta.context_slots, torch.float32)
-        kv_heads, dim = keys.shape[2], keys.shape[3]
+        kv_heads = keys.shape[2]
         queries = q.float().view(batch, kv_heads, -1, q.shape[-1])  # [B, Hkv, G, D]
         scores = torch.matmul(queries, keys.permute(0, 2, 3, 1))  # [B, Hkv, G, L]
         scores.mul_(softmax_scale * k_factor)
