@@ -12,7 +12,6 @@ import logging
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer
 
 from engine.attention.torch_backend import get_backend
 from engine.config import DEFAULT_CPU_KV_GIB, EngineConfig
@@ -24,6 +23,7 @@ from engine.kv.pool import PagedKVPool
 from engine.kv.radix import RadixCache
 from engine.kv.sizing import kv_bytes_per_token
 from engine.layers.batch_invariant import make_linear_layers_batch_invariant
+from engine.layers.cpu_linear import add_float32_weight_copies
 from engine.loader import load_model
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.runner import ModelRunner
@@ -31,6 +31,7 @@ from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSequence, Scheduler
 from engine.sequence import Sequence, TokenLogprob
+from engine.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 GIB = 1024**3
@@ -72,7 +73,7 @@ class LLMEngine:
         self.device = torch.device(
             config.device or ("cuda" if torch.cuda.is_available() else "cpu")
         )
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        self.tokenizer = load_tokenizer(self.model_dir)
         from engine.model_config import load_config
 
         model_cfg = load_config(self.model_dir)
@@ -108,6 +109,9 @@ class LLMEngine:
             prefix_cache=self.prefix_cache,
             max_waiting=config.max_waiting,
         )
+        if self.device.type == "cpu" and self.dtype == torch.bfloat16:
+            added = add_float32_weight_copies(self.model)
+            log.info("float32 weight copies for multi-row CPU products: %.2f GiB", added / GIB)
         if config.deterministic:
             self._enable_deterministic()
         self.runner = ModelRunner(

@@ -27,7 +27,16 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     out = torch.cat(
         [F.linear(buffer[i : i + TILE_ROWS], weight, bias) for i in range(0, padded, TILE_ROWS)]
     )
-    return out[:count].reshape(*shape[:-1], weight.shape[0])
+    return out[:count].reshape(*shape[:-1], weight.shape[0]).to(x.dtype)
+
+
+def _tiled_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    # A float32 copy (see cpu_linear) computes the same values faster on CPU.
+    weight = getattr(module, "weight_f32", None)
+    if weight is None:
+        return tiled_linear(x, module.weight, module.bias)
+    bias = None if module.bias is None else module.bias.float()
+    return tiled_linear(x.float(), weight, bias).to(x.dtype)
 
 
 def make_linear_layers_batch_invariant(model: nn.Module) -> int:
@@ -35,6 +44,6 @@ def make_linear_layers_batch_invariant(model: nn.Module) -> int:
     count = 0
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            module.forward = lambda x, m=module: tiled_linear(x, m.weight, m.bias)
+            module.forward = lambda x, m=module: _tiled_forward(m, x)
             count += 1
     return count
