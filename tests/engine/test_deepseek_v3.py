@@ -49,22 +49,6 @@ def make_llm(path, dtype="float32", kv="auto") -> LLM:
     return LLM(str(path), dtype=dtype, kv_cache_dtype=kv, kv_memory=0.01)
 
 
-@pytest.fixture(autouse=True)
-def tokenizer_without_model_type(monkeypatch):
-    """Load test tokenizers from tokenizer.json alone.
-
-    AutoTokenizer first reads config.json through AutoConfig, which fails for
-    model types transformers does not know (kimi_k2, kimi_k25). The engine's
-    tokenizer loading for Kimi is its own issue; these tests are about weights.
-    """
-    from transformers import PreTrainedTokenizerFast
-
-    monkeypatch.setattr(
-        "engine.engine.AutoTokenizer.from_pretrained",
-        lambda path, *args, **kwargs: PreTrainedTokenizerFast.from_pretrained(path),
-    )
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """variant -> (folder the engine loads, folder transformers loads as the reference)."""

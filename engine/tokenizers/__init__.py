@@ -1,0 +1,9 @@
+"""Tokenizers the engine reads itself, and chat-template rendering shared by them.
+
+`engine.tokenizer.load_tokenizer` picks between these and transformers.
+"""
+
+from engine.tokenizers.chat_template import render_chat_template
+from engine.tokenizers.kimi import KIMI_PATTERN, RANKS_FILE, KimiTokenizer
+
+__all__ = ["KIMI_PATTERN", "RANKS_FILE", "KimiTokenizer", "render_chat_template"]
