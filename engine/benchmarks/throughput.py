@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -88,12 +89,11 @@ def _transformers_run(model_dir: str, prompts: list[list[int]], max_tokens: int,
 def run_throughput(
     model: str, max_tokens: int = 128, batch: int = 16, with_transformers: bool = True
 ) -> dict:
-    from transformers import AutoTokenizer
-
     from engine.model_store import resolve_model
+    from engine.tokenizer import load_tokenizer
 
     model_dir = str(resolve_model(model))
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(Path(model_dir))
     prompts = [_chat_ids(tokenizer, PROMPTS[i % len(PROMPTS)]) for i in range(batch)]
     result = {
         "benchmark": "throughput",
