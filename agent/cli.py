@@ -77,6 +77,132 @@ def models_pull() -> None:
     typer.echo(str(path))
 
 
+@app.command("serve")
+def serve(
+    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; non-loopback needs an API key."),
+    port: int = typer.Option(8000, help="TCP port."),
+    dtype: str = typer.Option("auto", help="auto, bfloat16 or float32"),
+    kv_cache_dtype: str = typer.Option("fp8_e4m3", help="auto, bf16 or fp8_e4m3"),
+    kv_rotation: str = typer.Option("none", help="none (hadamard is not implemented yet)"),
+    api_key: str = typer.Option(
+        None, envvar="RESIDENT_API_KEY", help="Require `Authorization: Bearer KEY`."
+    ),
+    max_num_seqs: int = typer.Option(None, help="Sequences in the running batch."),
+    max_waiting: int = typer.Option(1024, help="Queued requests beyond which the server says 503."),
+    kv_memory: float = typer.Option(None, help="KV cache budget in GiB."),
+    deterministic: bool = typer.Option(False, help="Batch- and cache-invariant outputs (slower)."),
+    max_model_len: int = typer.Option(None, help="Longest prompt plus output per request."),
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API."""
+    from engine.errors import EngineError
+    from engine.server.launch import ServeOptions, ServeUsageError, check_options
+    from engine.server.launch import serve as run_server
+
+    logging.getLogger("resident.serve").setLevel(logging.INFO)
+    options = ServeOptions(
+        model=model,
+        host=host,
+        port=port,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        kv_rotation=kv_rotation,
+        api_key=api_key,
+        max_num_seqs=max_num_seqs,
+        max_waiting=max_waiting,
+        kv_memory_gib=kv_memory,
+        deterministic=deterministic,
+        max_model_len=max_model_len,
+    )
+    try:
+        check_options(options)
+    except ServeUsageError as err:
+        _fail(str(err), code=2)
+    try:
+        run_server(options)
+    except (EngineError, ValueError) as err:
+        _fail(str(err))
+
+
+APPROVAL_HELP = "read-only, ask (asks; nobody answers in headless runs), auto-edit or full-auto."
+
+
+@app.command("run")
+def run(
+    task: str = typer.Argument(..., help="The task; `-` reads it from stdin."),
+    as_json: bool = typer.Option(False, "--json", help="Print every event as a JSON line."),
+    model: str = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    attach: str = typer.Option(None, help="URL of an OpenAI-compatible server to use instead."),
+    api_key: str = typer.Option(None, envvar="RESIDENT_API_KEY", help="API key for --attach."),
+    context_window: int = typer.Option(
+        None, min=256, help="Tokens per request, for servers without /v1/engine/stats."
+    ),
+    approval: str = typer.Option("ask", help=APPROVAL_HELP),
+    max_turns: int = typer.Option(50, min=1, help="Model requests allowed for the task."),
+    max_tokens: int = typer.Option(None, min=1, help="Tokens allowed per answer."),
+    resume: str = typer.Option(None, help="Continue the session with this id."),
+    continue_last: bool = typer.Option(
+        False, "--continue", help="Continue this repository's latest session."
+    ),
+    allow: list[str] = typer.Option([], help="Allow rule, e.g. 'shell:pytest' (repeatable)."),
+    deny: list[str] = typer.Option([], help="Deny rule, e.g. 'shell:git push' (repeatable)."),
+    tools: str = typer.Option(None, help="Offer only these tools, e.g. 'read,grep,list'."),
+) -> None:
+    """Run one task headless; exit 0 done, 1 failed, 2 usage, 3 approval, 75 transient, 130."""
+    from agent.headless import HeadlessOptions, run_headless
+    from agent.loop import AgentSettings
+    from agent.runtime import RuntimeOptions
+    from tools import ApprovalMode
+
+    if task == "-":
+        task = sys.stdin.read()
+    if not task.strip():
+        _fail("the task is empty", code=2)
+    if model and attach is None and model.startswith(("http://", "https://")):
+        _fail("--model takes a model name or path; use --attach URL for a server", code=2)
+    try:
+        mode = ApprovalMode(approval)
+    except ValueError:
+        _fail(f"--approval must be one of: {', '.join(m.value for m in ApprovalMode)}", code=2)
+    if resume and continue_last:
+        _fail("use --resume ID or --continue, not both", code=2)
+    options = RuntimeOptions(
+        model=model,
+        attach=attach,
+        api_key=api_key,
+        context_window=context_window,
+        approval=mode,
+        allow=tuple(allow),
+        deny=tuple(deny),
+        resume=resume,
+        continue_last=continue_last,
+        tools=tuple(name.strip() for name in tools.split(",") if name.strip()) if tools else None,
+        settings=AgentSettings(max_turns=max_turns, max_tokens=max_tokens),
+    )
+    raise typer.Exit(run_headless(HeadlessOptions(task=task, runtime=options, json=as_json)))
+
+
+@app.command("sessions")
+def sessions(
+    all_workspaces: bool = typer.Option(False, "--all", help="Sessions of every repository."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Sessions of this repository, most recent first (resume with `run --resume ID`)."""
+    import dataclasses
+    import os
+    from pathlib import Path
+
+    from agent.session import SessionStore
+
+    workspace = None if all_workspaces else Path(os.path.realpath(Path.cwd()))
+    metas = SessionStore().list(workspace)
+    if as_json:
+        typer.echo(json.dumps([dataclasses.asdict(m) for m in metas], indent=2))
+        return
+    for meta in metas:
+        typer.echo(meta.describe())
+
+
 @bench_app.command("throughput")
 def bench_throughput(
     model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP),
@@ -90,6 +216,28 @@ def bench_throughput(
 
     result = run_throughput(model, max_tokens, batch, with_transformers=not skip_transformers)
     typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+
+
+@bench_app.command("prefix")
+def bench_prefix(
+    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    prefix_tokens: int = typer.Option(6000, help="Tokens of the shared prefix."),
+    kv_cache_dtype: str = typer.Option("fp8_e4m3", help="auto, bf16 or fp8_e4m3"),
+) -> None:
+    """Time to first token with a cached shared prefix against a cold one, over HTTP."""
+    from engine.benchmarks.serving import run_prefix
+
+    result = run_prefix(model, prefix_tokens, kv_cache_dtype)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    ttft = result["ttft_s"]
+    typer.echo(
+        f"prompt {result['prompt_tokens']} tokens, {result['cached_tokens_warm']} cached: "
+        f"TTFT warm {ttft['warm']:.3f}s, cold {ttft['cold']:.3f}s, "
+        f"ratio {result['warm_over_cold']:.3f} (target <= {result['target_warm_over_cold']})"
+    )
 
 
 if __name__ == "__main__":
