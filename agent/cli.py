@@ -1,7 +1,7 @@
 """The `resident` command.
 
-Until the agent lands, `resident` with no subcommand opens a plain streaming
-chat with the model through the local engine (agent/chat_repl.py).
+`resident` with no subcommand opens the agent on the current repository,
+line by line (agent/repl.py), until the Textual TUI replaces it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
 
 MODEL_HELP = "Model name (see `resident models list`), Hugging Face model folder, or .gguf file."
+APPROVAL_HELP = "read-only, ask (asks; nobody answers in headless runs), auto-edit or full-auto."
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -30,24 +31,51 @@ def _fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def _check_agent_options(model: str | None, attach: str | None, approval: str):
+    """The checks `resident` and `resident run` share; returns the ApprovalMode."""
+    from tools import ApprovalMode
+
+    if model and attach is None and model.startswith(("http://", "https://")):
+        _fail("--model takes a model name or path; use --attach URL for a server", code=2)
+    try:
+        return ApprovalMode(approval)
+    except ValueError:
+        _fail(f"--approval must be one of: {', '.join(m.value for m in ApprovalMode)}", code=2)
+
+
 @app.callback(invoke_without_command=True)
 def main(
     ctx: typer.Context,
-    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP),
-    kv_cache_dtype: str = typer.Option("fp8_e4m3", help="auto, bf16 or fp8_e4m3"),
+    model: str = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    attach: str = typer.Option(None, help="URL of an OpenAI-compatible server to use instead."),
+    api_key: str = typer.Option(None, envvar="RESIDENT_API_KEY", help="API key for --attach."),
+    context_window: int = typer.Option(
+        None, min=256, help="Tokens per request, for servers without /v1/engine/stats."
+    ),
+    approval: str = typer.Option("ask", help=APPROVAL_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log engine details."),
 ) -> None:
-    """Start an interactive chat with the model (the agent's TUI replaces this)."""
+    """Open the agent on this repository, interactively (the TUI replaces this later)."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     if ctx.invoked_subcommand is not None:
         return
-    from agent.chat_repl import run_chat
+    from agent.repl import run_repl
+    from agent.runtime import RuntimeOptions
     from engine.errors import EngineError
 
+    mode = _check_agent_options(model, attach, approval)
+    options = RuntimeOptions(
+        model=model,
+        attach=attach,
+        api_key=api_key,
+        context_window=context_window,
+        approval=mode,
+    )
     try:
-        run_chat(model=model, kv_cache_dtype=kv_cache_dtype)
+        code = run_repl(options)
     except EngineError as err:
         _fail(str(err))
+    raise typer.Exit(code)
 
 
 @models_app.command("list")
@@ -124,9 +152,6 @@ def serve(
         _fail(str(err))
 
 
-APPROVAL_HELP = "read-only, ask (asks; nobody answers in headless runs), auto-edit or full-auto."
-
-
 @app.command("run")
 def run(
     task: str = typer.Argument(..., help="The task; `-` reads it from stdin."),
@@ -152,18 +177,12 @@ def run(
     from agent.headless import HeadlessOptions, run_headless
     from agent.loop import AgentSettings
     from agent.runtime import RuntimeOptions
-    from tools import ApprovalMode
 
     if task == "-":
         task = sys.stdin.read()
     if not task.strip():
         _fail("the task is empty", code=2)
-    if model and attach is None and model.startswith(("http://", "https://")):
-        _fail("--model takes a model name or path; use --attach URL for a server", code=2)
-    try:
-        mode = ApprovalMode(approval)
-    except ValueError:
-        _fail(f"--approval must be one of: {', '.join(m.value for m in ApprovalMode)}", code=2)
+    mode = _check_agent_options(model, attach, approval)
     if resume and continue_last:
         _fail("use --resume ID or --continue, not both", code=2)
     options = RuntimeOptions(

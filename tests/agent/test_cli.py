@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from agent.cli import app
-from tests.engine.checkpoints import tiny_llama
+from tests.agent.scripted_server import Reply, ScriptedServer
 
 runner = CliRunner()
 
@@ -29,10 +29,15 @@ def test_missing_model_is_a_clear_error(tmp_path, monkeypatch):
     assert "Traceback" not in result.output
 
 
-def test_chat_streams_a_reply_and_quits(tmp_path):
-    model_dir = tiny_llama(tmp_path / "m")
-    result = runner.invoke(app, ["--model", str(model_dir)], input="hello there\n/quit\n")
+def test_resident_opens_the_agent_and_quits(tmp_path, monkeypatch):
+    """`resident` with no subcommand is the agent, line by line (agent/repl.py)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("hello\n")
+    with ScriptedServer([Reply("Hello back.")]) as server:
+        args = ["--attach", server.url, "--context-window", "8192"]
+        result = runner.invoke(app, args, input="hello there\n/quit\n")
     assert result.exit_code == 0, result.output
-    assert "Resident chat" in result.output
-    # The tiny random model says something; the prompt comes back for the next line.
+    assert "Hello back." in result.output
+    assert "approval ask" in result.output  # the default mode
+    # The prompt comes back after the answer.
     assert result.output.count("> ") >= 2

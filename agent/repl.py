@@ -1,0 +1,319 @@
+"""`resident` with no subcommand: the agent on this repository, line by line.
+
+A front end like headless (agent/headless.py), over the same runtime and
+event stream, until the Textual TUI replaces it. It holds no agent logic: it
+renders events, sends each line as a user message of one continuing
+session, answers approvals on the terminal and turns Ctrl-C into interrupts.
+
+Two threads: the terminal (prompts, approval questions, Ctrl-C) is the main
+thread, so a blocking `input()` never stands in the agent's way and Ctrl-C
+arrives as KeyboardInterrupt where it is read; the agent runs on an asyncio
+loop in a second thread. Approval requests cross over through a queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import queue
+import sys
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any, TextIO, TypeVar
+
+from agent.clients import ClientError, LLMClient
+from agent.events import Event, SessionCompleted, Usage
+from agent.headless import EXIT_USAGE
+from agent.headless_output import ProgressPrinter
+from agent.loop import EXIT_INTERRUPTED, TaskOutcome
+from agent.runtime import Runtime, RuntimeOptions, UnknownToolError, open_runtime
+from agent.session import SessionNotFound
+from agent.tool_runner import ApprovalAnswer, ApprovalRequest
+
+T = TypeVar("T")
+PROMPT = "> "
+APPROVAL_PROMPT = "  allow? [y]es once, [a]llow for this session, [n]o: "
+REASON_PROMPT = "  reason for the model (optional): "
+BANNER = (
+    "Type a task and press Enter. /help lists commands; Ctrl-C interrupts; Ctrl-D or /quit leaves."
+)
+HELP = """\
+Each line is a message to the agent, in one continuing session.
+  /help      this list
+  /compact   summarize the conversation so far (keeps the repository resident)
+  /undo      put files and conversation back as they were before the last change
+  /clear     start a new session
+  /quit      leave (also Ctrl-D, or Ctrl-C twice at the prompt)
+Ctrl-C while the agent works stops generation and any running command; a
+second Ctrl-C stops at once. Approvals: y allows the call once, a allows the
+same request for the rest of the session, n denies it (add a reason for the
+model after the n, or on the next line)."""
+
+
+class ReplPrinter(ProgressPrinter):
+    """Progress as headless shows it, on stdout, without the per-turn token counts."""
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, Usage):
+            return
+        super().__call__(event)
+
+    def end_line(self) -> None:
+        if self._mid_line:
+            self.out.write("\n")
+            self.out.flush()
+            self._mid_line = False
+
+
+class _AgentThread:
+    """An asyncio loop on its own thread, where the runtime lives."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="resident-agent", daemon=True
+        )
+        self.thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.submit(coro).result()
+
+    def call(self, fn: Callable[[], Any]) -> None:
+        self.loop.call_soon_threadsafe(fn)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+class Repl:
+    def __init__(
+        self,
+        options: RuntimeOptions,
+        out: TextIO | None = None,
+        client: LLMClient | None = None,
+        read_line: Callable[[str], str] = input,
+    ) -> None:
+        self.options = options
+        self.out = out or sys.stdout
+        self.client = client
+        self.read_line = read_line
+        self.printer = ReplPrinter(self.out)
+        self.worker: _AgentThread | None = None
+        self.runtime: Runtime | None = None
+        self.approvals: queue.Queue[tuple[ApprovalRequest, concurrent.futures.Future]] = (
+            queue.Queue()
+        )
+        self.allowed: set[tuple[str, str]] = set()  # (tool, request) allowed this session
+        self.last_message = ""
+
+    # -- terminal ------------------------------------------------------------------
+
+    def say(self, text: str) -> None:
+        self.printer.end_line()
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def _read(self, prompt: str) -> str | None:
+        """A line from the terminal; None at end of input."""
+        self.printer.end_line()
+        try:
+            return self.read_line(prompt)
+        except EOFError:
+            self.out.write("\n")
+            self.out.flush()
+            return None
+
+    # -- the session ---------------------------------------------------------------
+
+    def run(self) -> int:
+        self.worker = _AgentThread()
+        try:
+            try:
+                self.runtime = self.worker.run(self._open(self.options, self.client))
+            except ClientError as problem:
+                self.say(f"error: {problem}")
+                return problem.exit_code
+            except (SessionNotFound, UnknownToolError) as problem:
+                self.say(f"error: {problem}")
+                return EXIT_USAGE
+            except KeyboardInterrupt:
+                return EXIT_INTERRUPTED
+            self.say(BANNER)
+            try:
+                return self._prompt_loop()
+            finally:
+                self._finish()
+        finally:
+            self.worker.stop()
+
+    async def _open(self, options: RuntimeOptions, client: LLMClient | None) -> Runtime:
+        return await open_runtime(options, [self.printer], self._approve, client, "")
+
+    def _finish(self) -> None:
+        runtime, worker = self.runtime, self.worker
+        if runtime is None or worker is None:
+            return
+
+        async def close() -> None:
+            runtime.emitter.emit(SessionCompleted(final_message=self.last_message, exit_code=0))
+            await runtime.close()
+
+        with contextlib.suppress(Exception, KeyboardInterrupt):
+            worker.submit(close()).result(timeout=30)
+
+    def _prompt_loop(self) -> int:
+        armed = False  # Ctrl-C pressed once at the prompt
+        while True:
+            try:
+                line = self._read(PROMPT)
+            except KeyboardInterrupt:
+                if armed:
+                    self.say("")
+                    return 0
+                armed = True
+                self.say("\n(Ctrl-C again, Ctrl-D or /quit to leave)")
+                continue
+            armed = False
+            if line is None:
+                return 0
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("/"):
+                if not self._command(line):
+                    return 0
+                continue
+            self._task(line)
+
+    def _command(self, line: str) -> bool:
+        """Run a slash command; False when it is time to leave."""
+        name = line.split()[0].lower()
+        if name in ("/quit", "/exit"):
+            return False
+        if name == "/help":
+            self.say(HELP)
+        elif name == "/compact":
+            done = self._work(self._agent().compact())
+            self.say("[compacted]" if done else "[nothing was compacted]")
+        elif name == "/undo":
+            report = self._work(self._agent().undo())
+            if report is None:
+                self.say("[nothing to undo in this session]")
+            else:
+                changed = len(report.written) + len(report.deleted)
+                self.say(f"[undone: back to checkpoint {report.checkpoint.id}, {changed} files]")
+                for problem in report.problems:
+                    self.say(f"  warning: {problem}")
+        elif name == "/clear":
+            self._new_session()
+        else:
+            self.say(f"unknown command {name}; /help lists them")
+        return True
+
+    def _agent(self):
+        assert self.runtime is not None
+        return self.runtime.agent
+
+    def _new_session(self) -> None:
+        assert self.runtime is not None and self.worker is not None
+        old = self.runtime
+
+        async def reopen() -> Runtime:
+            old.emitter.emit(SessionCompleted(final_message=self.last_message, exit_code=0))
+            old.session.close()
+            fresh = replace(self.options, resume=None, continue_last=False)
+            return await self._open(fresh, old.client)
+
+        self.allowed.clear()
+        self.last_message = ""
+        self.runtime = self._work(reopen(), interruptible=False) or old
+
+    # -- one task --------------------------------------------------------------------
+
+    def _task(self, text: str) -> None:
+        outcome: TaskOutcome | None = self._work(self._agent().run_task(text))
+        if outcome is None:
+            return
+        self.last_message = outcome.final_message
+        if outcome.exit_code == EXIT_INTERRUPTED:
+            self.say("[interrupted]")
+
+    def _work(self, coro: Coroutine[Any, Any, T], interruptible: bool = True) -> T | None:
+        """Run agent work, answering its approval questions, until it ends.
+
+        Ctrl-C once interrupts the agent (it stops cleanly); twice abandons
+        the work. None when it was abandoned or failed.
+        """
+        assert self.worker is not None
+        future = self.worker.submit(coro)
+        presses = 0
+        while not future.done():
+            try:
+                try:
+                    request, answer = self.approvals.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                try:
+                    answer.set_result(self._ask(request))
+                except KeyboardInterrupt:
+                    answer.set_result(ApprovalAnswer(False, "The user interrupted the task."))
+                    raise
+            except KeyboardInterrupt:
+                presses += 1
+                if presses == 1 and interruptible:
+                    self.worker.call(self._agent().interrupt)
+                    self.say("\n[interrupting; Ctrl-C again to stop at once]")
+                else:
+                    future.cancel()
+                    self.say("\n[stopped]")
+                    return None
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            self.say("[stopped]")
+        except Exception as problem:  # the agent failed; the session goes on
+            self.say(f"error: {problem}")
+        return None
+
+    async def _approve(self, request: ApprovalRequest) -> ApprovalAnswer:
+        """The runtime's approval callback (agent thread): ask the terminal thread."""
+        if (request.tool, request.request) in self.allowed:
+            return ApprovalAnswer(True, "allowed for this session")
+        answer: concurrent.futures.Future[ApprovalAnswer] = concurrent.futures.Future()
+        self.approvals.put((request, answer))
+        return await asyncio.wrap_future(answer)
+
+    def _ask(self, request: ApprovalRequest) -> ApprovalAnswer:
+        while True:
+            reply = self._read(APPROVAL_PROMPT)
+            if reply is None:
+                return ApprovalAnswer(False, "")
+            choice, _, reason = reply.strip().partition(" ")
+            choice = choice.lower()
+            if choice in ("y", "yes"):
+                return ApprovalAnswer(True)
+            if choice in ("a", "always"):
+                self.allowed.add((request.tool, request.request))
+                return ApprovalAnswer(True, "allowed for this session")
+            if choice in ("n", "no"):
+                reason = reason.strip()
+                if not reason:
+                    reason = (self._read(REASON_PROMPT) or "").strip()
+                return ApprovalAnswer(False, reason)
+            self.say("  answer y, a or n")
+
+
+def run_repl(options: RuntimeOptions, client: LLMClient | None = None) -> int:
+    """The interactive agent; returns the exit code (0 when the user leaves)."""
+    if sys.stdin.isatty():
+        with contextlib.suppress(ImportError):
+            import readline  # noqa: F401  (line editing and history for input())
+    return Repl(options, client=client).run()
