@@ -1,0 +1,17 @@
+"""The OpenAI-compatible HTTP server (`resident serve`): FastAPI over the AsyncEngine.
+
+    from engine.server import create_app, ServedModel
+    app = create_app(async_engine, ServedModel.from_engine(async_engine, "my-model"), api_key=None)
+
+Module map: protocol (request models), app (routes), chat_rendering and
+tool_prompt (messages to prompt), chat_completions and completions (the two
+generation routes), generation (engine requests per API request, disconnects),
+streaming (SSE), logprobs, sampling (SamplingParams and the context check),
+errors, auth, metrics, served_model, context, launch (the CLI command),
+background (a server in a thread, for tests and benchmarks).
+"""
+
+from engine.server.app import create_app
+from engine.server.served_model import ServedModel
+
+__all__ = ["ServedModel", "create_app"]

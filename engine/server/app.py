@@ -1,0 +1,147 @@
+"""The FastAPI app: routes, middleware and error handling over one served model.
+
+`create_app(engine, model)` takes any engine object with AsyncEngine's
+`generate` and `stats` (tests pass a scripted fake), so the HTTP behaviour can
+be tested without a model. The app does not own the engine: whoever built it
+shuts it down (see launch.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
+
+from engine.server.auth import ApiKeyMiddleware
+from engine.server.chat_completions import create_chat_completion
+from engine.server.completions import create_completion
+from engine.server.context import ServerContext
+from engine.server.errors import (
+    APIError,
+    ClientDisconnected,
+    bad_request,
+    from_exception,
+    from_validation_error,
+    install_error_handlers,
+)
+from engine.server.metrics import CONTENT_TYPE, HttpMetricsMiddleware, ServerMetrics
+from engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.server.served_model import ServedModel
+
+log = logging.getLogger(__name__)
+
+# A request body larger than this is refused before it is parsed.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+# Seconds an idle keep-alive connection stays open. Longer than clients' own
+# idle expiry (httpx, and so the openai client: 5 s), so that the client, not
+# the server, closes it: otherwise a request sent just as the server closes
+# the connection is lost.
+KEEP_ALIVE_SECONDS = 30
+
+
+async def _parse_body(request: Request, model: type[BaseModel]) -> Any:
+    """The JSON body as `model`: 400 for bad JSON or bad fields, 413 for a huge body."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="body_too_large")
+    try:
+        raw = await request.body()
+    except ClientDisconnect as error:
+        raise ClientDisconnected() from error
+    if len(raw) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="body_too_large")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise bad_request(f"the request body is not valid JSON: {error}") from error
+    if not isinstance(data, dict):
+        raise bad_request("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise from_validation_error(error) from error
+
+
+async def _answer(work: Awaitable[Response]) -> Response:
+    """Await a handler; any failure becomes the OpenAI-style error the client should see.
+
+    Converting here (not in a catch-all exception handler) keeps expected
+    errors such as a refused prompt out of the server log's tracebacks.
+    """
+    try:
+        return await work
+    except APIError:
+        raise
+    except Exception as error:
+        raise from_exception(error) from error
+
+
+def _engine_alive(engine: Any) -> bool:
+    alive = getattr(engine, "is_alive", None)
+    if callable(alive):
+        return bool(alive())
+    # AsyncEngine has no public liveness check yet; its thread is the engine.
+    thread = getattr(engine, "_thread", None)
+    return thread is None or thread.is_alive()
+
+
+def create_app(engine: Any, model: ServedModel, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="Resident engine", docs_url=None, redoc_url=None, openapi_url=None)
+    ctx = ServerContext(
+        engine=engine, model=model, metrics=ServerMetrics(model.id), api_key=api_key
+    )
+    app.state.ctx = ctx
+    install_error_handlers(app)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await _parse_body(request, ChatCompletionRequest)
+        return await _answer(create_chat_completion(body, ctx, request))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await _parse_body(request, CompletionRequest)
+        return await _answer(create_completion(body, ctx, request))
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = {
+            "id": model.id,
+            "object": "model",
+            "created": model.created,
+            "owned_by": "resident",
+            "max_model_len": model.max_context_tokens,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model_card(name: str) -> dict:
+        ctx.check_model(name)
+        return {"id": model.id, "object": "model", "created": model.created, "owned_by": "resident"}
+
+    @app.get("/v1/engine/stats")
+    async def engine_stats() -> dict:
+        return {"model": model.id, **(await engine.stats())}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        stats = await engine.stats()
+        return Response(ctx.metrics.render(stats), media_type=CONTENT_TYPE)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if _engine_alive(engine):
+            return JSONResponse({"status": "ok"})
+        return APIError(503, "the engine has stopped", type="server_error").response()
+
+    # Outermost last: metrics see every response, the 401s included.
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(HttpMetricsMiddleware, metrics=ctx.metrics)
+    return app

@@ -1,0 +1,142 @@
+"""`resident serve`: check the options, load the engine, log what it holds, run uvicorn.
+
+Usage errors (a non-loopback bind without an API key, an option value not
+implemented yet) are raised as `ServeUsageError` before anything is loaded,
+so the command fails fast with exit code 2.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from dataclasses import dataclass
+
+log = logging.getLogger("resident.serve")
+
+API_KEY_ENV = "RESIDENT_API_KEY"
+DTYPES = ("auto", "bfloat16", "float32")
+KV_DTYPES = ("auto", "bf16", "fp8_e4m3")
+KV_ROTATIONS = ("none", "hadamard")
+
+
+class ServeUsageError(ValueError):
+    """The options cannot work together; the message says what to change."""
+
+
+@dataclass
+class ServeOptions:
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    dtype: str = "auto"
+    kv_cache_dtype: str = "fp8_e4m3"
+    kv_rotation: str = "none"
+    api_key: str | None = None
+    max_num_seqs: int | None = None
+    max_waiting: int | None = 1024
+    kv_memory_gib: float | None = None
+    deterministic: bool = False
+    max_model_len: int | None = None
+    log_level: str = "info"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve anywhere
+
+
+def check_options(options: ServeOptions) -> ServeOptions:
+    """Validate before loading; fills the API key from RESIDENT_API_KEY when not given."""
+    if not options.api_key:
+        options.api_key = os.environ.get(API_KEY_ENV) or None
+    if not is_loopback(options.host) and not options.api_key:
+        raise ServeUsageError(
+            f"refusing to listen on {options.host} without an API key: anyone who can reach "
+            f"it could use the model. Pass --api-key KEY (or set {API_KEY_ENV}), "
+            "or bind to 127.0.0.1"
+        )
+    for flag, value, allowed in (
+        ("--dtype", options.dtype, DTYPES),
+        ("--kv-cache-dtype", options.kv_cache_dtype, KV_DTYPES),
+        ("--kv-rotation", options.kv_rotation, KV_ROTATIONS),
+    ):
+        if value not in allowed:
+            raise ServeUsageError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
+    if options.kv_rotation != "none":
+        raise ServeUsageError(
+            f"--kv-rotation {options.kv_rotation} is not implemented yet; only `none` is available"
+        )
+    if not 0 < options.port < 65536:
+        raise ServeUsageError(f"--port must be 1..65535, not {options.port}")
+    return options
+
+
+def build_engine(options: ServeOptions):
+    """Load the model into an AsyncEngine (slow: reads the weights, allocates the KV pool)."""
+    from engine.async_engine import AsyncEngine
+    from engine.config import EngineConfig
+
+    settings = {
+        "model": options.model,
+        "dtype": options.dtype,
+        "kv_cache_dtype": options.kv_cache_dtype,
+        "kv_memory_gib": options.kv_memory_gib,
+        "deterministic": options.deterministic,
+        "max_model_len": options.max_model_len,
+        "max_waiting": options.max_waiting,
+    }
+    if options.max_num_seqs is not None:
+        settings["max_num_seqs"] = options.max_num_seqs
+    return AsyncEngine(EngineConfig(**settings))
+
+
+def describe_kv(stats: dict) -> str:
+    scales = stats.get("kv_scales") or {}
+    k, v = scales.get("k") or [], scales.get("v") or []
+
+    def span(values: list) -> str:
+        flat = [x for value in values for x in (value if isinstance(value, list) else [value])]
+        return f"{min(flat):.4g}..{max(flat):.4g}" if flat else "n/a"
+
+    return (
+        f"KV cache: {stats.get('kv_cache_dtype')}, capacity {stats.get('capacity_tokens')} tokens "
+        f"({stats.get('kv_bytes_per_token')} bytes/token), max context "
+        f"{stats.get('max_context_tokens')} tokens; scales from {scales.get('source', 'n/a')} "
+        f"(k {span(k)}, v {span(v)})"
+    )
+
+
+def serve(options: ServeOptions) -> None:
+    import asyncio
+
+    import uvicorn
+
+    from engine.server.app import KEEP_ALIVE_SECONDS, create_app
+    from engine.server.served_model import ServedModel
+
+    options = check_options(options)
+    engine = build_engine(options)
+    try:
+        model = ServedModel.from_engine(engine, options.model)
+        stats = asyncio.run(engine.stats())
+        log.info("serving %s (also as %s)", model.id, ", ".join(model.names[1:]) or "-")
+        log.info("%s", describe_kv(stats))
+        if options.deterministic:
+            log.info("deterministic mode: batch- and cache-invariant reductions")
+        app = create_app(engine, model, api_key=options.api_key)
+        auth = "API key required" if options.api_key else "no API key"
+        log.info("listening on http://%s:%d (%s)", options.host, options.port, auth)
+        uvicorn.run(
+            app,
+            host=options.host,
+            port=options.port,
+            log_level=options.log_level,
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        )
+    finally:
+        engine.shutdown()

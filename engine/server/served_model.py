@@ -1,0 +1,70 @@
+"""What the HTTP layer needs to know about the one model it serves.
+
+Kept apart from the engine so the app can be built over any object that
+streams RequestOutputs (tests use a scripted fake engine), and so the chat
+layer reads the model's type and template in one place.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def read_model_type(model_dir: Path) -> str | None:
+    """config.json's model_type; nested text configs (Kimi K2.5/K2.6) name the text model."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    text_config = config.get("text_config")
+    if isinstance(text_config, dict) and text_config.get("model_type"):
+        return text_config["model_type"]
+    return config.get("model_type")
+
+
+def template_text(tokenizer: Any) -> str | None:
+    """The default chat template as text (tokenizers may hold a dict of named templates)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        return template.get("default") or next(iter(template.values()), None)
+    return template
+
+
+@dataclass
+class ServedModel:
+    names: list[str]  # the first is the id /v1/models lists; all are accepted in requests
+    tokenizer: Any
+    max_context_tokens: int  # prompt plus output, per request
+    capacity_tokens: int  # what the KV pool holds; a request longer than this can never run
+    model_type: str | None = None
+    chat_template: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def id(self) -> str:
+        return self.names[0]
+
+    def accepts(self, name: str | None) -> bool:
+        return name is None or name in self.names
+
+    @classmethod
+    def from_engine(cls, async_engine: Any, name: str) -> ServedModel:
+        """Describe the model an AsyncEngine loaded, served under `name` and its folder's name."""
+        engine = async_engine.engine
+        model_dir = Path(engine.model_dir)
+        names = [name]
+        for alias in (Path(name).name, model_dir.name):
+            if alias and alias not in names:
+                names.append(alias)
+        return cls(
+            names=names,
+            tokenizer=engine.tokenizer,
+            max_context_tokens=engine.max_model_len,
+            capacity_tokens=engine.capacity_tokens,
+            model_type=read_model_type(model_dir),
+            chat_template=template_text(engine.tokenizer),
+        )
