@@ -208,3 +208,32 @@ def test_missing_local_model_names_the_pull_command(repo, monkeypatch, tmp_path)
     assert result.exit_code == 1
     assert "resident models pull" in result.final["final_message"]
     assert "Traceback" not in result.stderr
+
+
+def test_multi_step_task_reads_edits_runs_tests_and_commits(repo):
+    """read -> edit -> run the tests -> commit leaves the repository in the expected state."""
+    import shlex
+    import subprocess
+    import sys
+
+    pytest_command = f"{shlex.quote(sys.executable)} -m pytest -q -p no:cacheprovider test_calc.py"
+    script = fix_script()[:2] + [
+        Reply("Running the tests.", [call("shell", command=pytest_command)]),
+        Reply("", [call("git_commit", message="Fix add", paths=["calc.py"])]),
+        Reply("Fixed add, tests pass, committed."),
+    ]
+    with ScriptedServer(script) as server:
+        result = run_cli("fix add and commit", *attached(server.url, "--approval", "full-auto"))
+    assert result.exit_code == 0, result.stderr
+    outcomes = result.of_type("tool_result")
+    assert [r["ok"] for r in outcomes] == [True, True, True, True]
+    assert "2 passed" in outcomes[2]["output"]
+    log = subprocess.run(
+        ["git", "log", "--format=%s"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert log[0] == "Fix add"
+    status = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout
+    assert "calc.py" not in status
+    assert "return a + b" in (repo / "calc.py").read_text()
