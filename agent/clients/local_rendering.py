@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import prompts
@@ -29,20 +28,12 @@ from engine.chat import (
     prompt_opens_reasoning,
 )
 from engine.chat.reasoning import THINK_CLOSE, THINK_OPEN
-from engine.chat.tool_parsers import glm, hermes, kimi_k2
-
-PARSER_MARKERS: dict[str, tuple[str, ...]] = {
-    "hermes": (hermes.CALL_OPEN, hermes.CALL_CLOSE),
-    "glm45": glm.ALL_TAGS,
-    "glm47": glm.ALL_TAGS,
-    "kimi_k2": (
-        *kimi_k2.SECTION_BEGINS,
-        *kimi_k2.SECTION_ENDS,
-        kimi_k2.CALL_BEGIN,
-        kimi_k2.ARGUMENT_BEGIN,
-        kimi_k2.CALL_END,
-    ),
-}
+from engine.chat.tool_text import (  # noqa: F401  (read_model_type is re-exported)
+    PARSER_MARKERS,
+    inline_tools,
+    read_model_type,
+    template_renders_tools,
+)
 
 
 @dataclass
@@ -70,21 +61,6 @@ class RenderedPrompt:
         return text
 
 
-def read_model_type(model_dir: Path) -> str | None:
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    text_config = config.get("text_config")
-    if isinstance(text_config, dict) and text_config.get("model_type"):
-        return text_config["model_type"]
-    return config.get("model_type")
-
-
-def template_renders_tools(chat_template: str | None) -> bool:
-    return bool(chat_template) and "tools" in (chat_template or "")
-
-
 def _template_message(message: dict[str, Any]) -> dict[str, Any]:
     data = dict(message)
     data["content"] = data.get("content") or ""  # ChatML concatenation fails on None
@@ -107,40 +83,12 @@ def _template_message(message: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _call_text(call: dict[str, Any]) -> str:
-    function = call.get("function") or {}
-    arguments = function.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            pass
-    body = {"name": function.get("name", ""), "arguments": arguments}
-    return f"<tool_call>\n{json.dumps(body, ensure_ascii=False)}\n</tool_call>"
-
-
-def inline_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict]:
-    """Messages with the text tool-call instructions in the system message and tool
-    traffic written as that text, for templates that know nothing of tools."""
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        message = dict(message)
-        if message["role"] == "assistant" and message.get("tool_calls"):
-            calls = "\n".join(_call_text(call) for call in message.pop("tool_calls"))
-            content = message.get("content") or ""
-            message["content"] = f"{content}\n{calls}" if content else calls
-        elif message["role"] == "tool":
-            result = message.get("content") or ""
-            message = {"role": "user", "content": f"<tool_response>\n{result}\n</tool_response>"}
-        out.append(message)
-    if tools:
-        lines = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
-        instructions = prompts.load("text_tool_calls", tools=lines).rstrip("\n")
-        if out and out[0]["role"] == "system":
-            out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{instructions}"}
-        else:
-            out.insert(0, {"role": "system", "content": instructions})
-    return out
+def _text_tool_instructions(tools: list[dict[str, Any]]) -> str | None:
+    """prompts/text_tool_calls.md with the tools listed, for templates without tools."""
+    if not tools:
+        return None
+    lines = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+    return prompts.load("text_tool_calls", tools=lines).rstrip("\n")
 
 
 def _special_texts(tokenizer: Any) -> set[str]:
@@ -173,7 +121,7 @@ class PromptRenderer:
         messages = [_template_message(m) for m in messages]
         native = self.native_tools and self.native_parser is not None
         if not native:
-            messages = inline_tools(messages, tools)
+            messages = inline_tools(messages, _text_tool_instructions(tools))
         text = self.tokenizer.apply_chat_template(
             messages,
             tools=(tools or None) if native else None,

@@ -26,25 +26,12 @@ from engine.chat import (
     prompt_opens_reasoning,
 )
 from engine.chat.reasoning import THINK_CLOSE, THINK_OPEN
-from engine.chat.tool_parsers import glm, hermes, kimi_k2
+from engine.chat.tool_text import PARSER_MARKERS
 from engine.server.errors import bad_request
 from engine.server.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
 from engine.server.served_model import ServedModel
 from engine.server.tool_prompt import inline_tools, template_renders_tools
 
-# The text markers each tool-call format is read by.
-PARSER_MARKERS: dict[str, tuple[str, ...]] = {
-    "hermes": (hermes.CALL_OPEN, hermes.CALL_CLOSE),
-    "glm45": glm.ALL_TAGS,
-    "glm47": glm.ALL_TAGS,
-    "kimi_k2": (
-        *kimi_k2.SECTION_BEGINS,
-        *kimi_k2.SECTION_ENDS,
-        kimi_k2.CALL_BEGIN,
-        kimi_k2.ARGUMENT_BEGIN,
-        kimi_k2.CALL_END,
-    ),
-}
 # Keyword arguments of apply_chat_template that a request may not override.
 _RESERVED_TEMPLATE_KWARGS = frozenset(
     {

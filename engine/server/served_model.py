@@ -7,23 +7,12 @@ layer reads the model's type and template in one place.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-def read_model_type(model_dir: Path) -> str | None:
-    """config.json's model_type; nested text configs (Kimi K2.5/K2.6) name the text model."""
-    try:
-        config = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    text_config = config.get("text_config")
-    if isinstance(text_config, dict) and text_config.get("model_type"):
-        return text_config["model_type"]
-    return config.get("model_type")
+from engine.chat.tool_text import read_model_type
 
 
 def template_text(tokenizer: Any) -> str | None:

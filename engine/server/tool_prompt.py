@@ -14,6 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from engine.chat.tool_text import inline_tools as inline_tool_text
+from engine.chat.tool_text import template_renders_tools  # noqa: F401  (used by chat_rendering)
+
 INSTRUCTIONS = """# Tools
 
 You may call one or more functions to help with the user's request. The functions you can call are described in JSON below, between <tools> and </tools>:
@@ -27,44 +30,11 @@ To call a function, answer with a JSON object naming it and giving its arguments
 </tool_call>"""
 
 
-def template_renders_tools(chat_template: str | None) -> bool:
-    return bool(chat_template) and "tools" in chat_template
-
-
 def tool_instructions(tools: list[dict[str, Any]]) -> str:
     lines = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
     return INSTRUCTIONS.format(tools=lines)
 
 
-def _call_text(call: dict[str, Any]) -> str:
-    function = call.get("function") or {}
-    arguments = function.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            pass  # keep what the client sent; the model sees it as written
-    body = {"name": function.get("name", ""), "arguments": arguments}
-    return f"<tool_call>\n{json.dumps(body, ensure_ascii=False)}\n</tool_call>"
-
-
 def inline_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict]:
     """Messages with the tool instructions in the system message and tool traffic as text."""
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        message = dict(message)
-        if message["role"] == "assistant" and message.get("tool_calls"):
-            calls = "\n".join(_call_text(call) for call in message.pop("tool_calls"))
-            content = message.get("content") or ""
-            message["content"] = f"{content}\n{calls}" if content else calls
-        elif message["role"] == "tool":
-            result = message.get("content") or ""
-            message = {"role": "user", "content": f"<tool_response>\n{result}\n</tool_response>"}
-        out.append(message)
-    if tools:
-        instructions = tool_instructions(tools)
-        if out and out[0]["role"] == "system":
-            out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{instructions}"}
-        else:
-            out.insert(0, {"role": "system", "content": instructions})
-    return out
+    return inline_tool_text(messages, tool_instructions(tools) if tools else None)
