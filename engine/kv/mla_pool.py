@@ -22,10 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.kv.pool_base import PagedPoolBase
 from engine.kv.quant import HALF_TRICK_FACTOR, calibrate_scale, fp8_bits_to_half, quantize_fp8
 from engine.kv.sizing import KVLayout
-
-STORAGE_DTYPES = {"bf16": torch.bfloat16, "float32": torch.float32, "fp8_e4m3": torch.uint8}
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,9 @@ class MLALayout(KVLayout):
         return self.latent_dim - self.rope_dim
 
 
-class MLALatentPool:
+class MLALatentPool(PagedPoolBase):
+    layout_kind = "mla"
+
     def __init__(
         self,
         layout: KVLayout,
@@ -49,16 +50,7 @@ class MLALatentPool:
         device: torch.device | str = "cpu",
         scale_source: str = "calibrate",
     ):
-        if layout.kind != "mla":
-            raise ValueError("MLALatentPool stores MLA latent rows; GQA needs PagedKVPool")
-        if kv_dtype not in STORAGE_DTYPES:
-            raise ValueError(f"kv dtype {kv_dtype!r}: use one of {sorted(STORAGE_DTYPES)}")
-        self.layout = layout
-        self.num_pages = num_pages
-        self.page_size = page_size
-        self.kv_dtype = kv_dtype
-        self.is_fp8 = kv_dtype == "fp8_e4m3"
-        self.device = torch.device(device)
+        super().__init__(layout, num_pages, page_size, kv_dtype, device)
         self.rope_dim = getattr(layout, "rope_dim", 0)
         if not 0 < self.rope_dim < layout.latent_dim:
             raise ValueError("the MLA pool needs an MLALayout that says where the rope key starts")
@@ -66,43 +58,19 @@ class MLALatentPool:
         shape = (layout.num_layers, num_pages * page_size, layout.latent_dim)
         # uint8 for fp8: index_copy_/index_select are not defined for float8 on
         # every torch build, and the bytes are the same.
-        self.storage = torch.empty(shape, dtype=STORAGE_DTYPES[kv_dtype], device=self.device)
+        self.storage = torch.empty(shape, dtype=self.storage_dtype, device=self.device)
         self.latent_scale = torch.ones(layout.num_layers, dtype=torch.float32)
         self.rope_scale = torch.ones(layout.num_layers, dtype=torch.float32)
         self.scale_source = scale_source if self.is_fp8 else "none"
         self._calibrated = [scale_source != "calibrate"] * layout.num_layers
 
-    @property
-    def capacity_tokens(self) -> int:
-        return self.num_pages * self.page_size
-
-    @property
-    def nbytes(self) -> int:
-        return self.storage.numel() * self.storage.element_size()
-
     def set_scales(self, latent_scale: torch.Tensor, rope_scale: torch.Tensor, source: str) -> None:
         """Use fixed per-layer scales for the latent and for the rope key."""
-        n = self.layout.num_layers
-        latent_scale = torch.as_tensor(latent_scale, dtype=torch.float32).flatten()
-        rope_scale = torch.as_tensor(rope_scale, dtype=torch.float32).flatten()
-        if latent_scale.numel() != n or rope_scale.numel() != n:
-            raise ValueError(
-                f"expected {n} latent and rope scales, got "
-                f"{latent_scale.numel()}/{rope_scale.numel()}"
-            )
-        if bool((latent_scale <= 0).any() or (rope_scale <= 0).any()):
-            raise ValueError("KV scales must be positive")
-        self.latent_scale = latent_scale.clone()
-        self.rope_scale = rope_scale.clone()
+        self.latent_scale, self.rope_scale = self.checked_scales(
+            latent_scale, rope_scale, "latent and rope"
+        )
         self.scale_source = source
-        self._calibrated = [True] * n
-
-    def page_bytes(self, page: int) -> bytes:
-        """The stored bytes of one page across all layers (prefix-cache verification)."""
-        start = page * self.page_size
-        rows = self.storage[:, start : start + self.page_size].contiguous()
-        raw = rows.view(torch.uint8) if rows.element_size() == 1 else rows.view(torch.int16)
-        return raw.cpu().numpy().tobytes()
+        self._calibrated = [True] * self.layout.num_layers
 
     def scales(self) -> dict[str, list[float]]:
         return {"latent": self.latent_scale.tolist(), "rope": self.rope_scale.tolist()}

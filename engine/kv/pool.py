@@ -13,8 +13,8 @@ import logging
 
 import torch
 
+from engine.kv.pool_base import PagedPoolBase
 from engine.kv.quant import (
-    FP8_DTYPE,
     HALF_TRICK_FACTOR,
     calibrate_scale,
     fp8_bits_to_half,
@@ -24,10 +24,10 @@ from engine.kv.sizing import KVLayout
 
 log = logging.getLogger(__name__)
 
-STORAGE_DTYPES = {"bf16": torch.bfloat16, "float32": torch.float32, "fp8_e4m3": FP8_DTYPE}
 
+class PagedKVPool(PagedPoolBase):
+    layout_kind = "gqa"
 
-class PagedKVPool:
     def __init__(
         self,
         layout: KVLayout,
@@ -37,57 +37,22 @@ class PagedKVPool:
         device: torch.device | str = "cpu",
         scale_source: str = "calibrate",
     ):
-        if layout.kind != "gqa":
-            raise ValueError("PagedKVPool stores GQA heads; MLA needs the latent pool")
-        if kv_dtype not in STORAGE_DTYPES:
-            raise ValueError(f"kv dtype {kv_dtype!r}: use one of {sorted(STORAGE_DTYPES)}")
-        self.layout = layout
-        self.num_pages = num_pages
-        self.page_size = page_size
-        self.kv_dtype = kv_dtype
-        self.is_fp8 = kv_dtype == "fp8_e4m3"
-        self.device = torch.device(device)
+        super().__init__(layout, num_pages, page_size, kv_dtype, device)
         num_slots = num_pages * page_size
         shape = (layout.num_layers, num_slots, 2, layout.num_kv_heads, layout.head_dim)
-        # uint8 storage for fp8: index_copy_ and index_select are not defined for
-        # float8 on every torch build, and the bytes are the same.
-        storage_dtype = torch.uint8 if self.is_fp8 else STORAGE_DTYPES[kv_dtype]
-        self.storage = torch.empty(shape, dtype=storage_dtype, device=self.device)
+        self.storage = torch.empty(shape, dtype=self.storage_dtype, device=self.device)
         self.k_scale = torch.ones(layout.num_layers, dtype=torch.float32)
         self.v_scale = torch.ones(layout.num_layers, dtype=torch.float32)
         self.scale_source = scale_source if self.is_fp8 else "none"
         self._calibrated = [scale_source != "calibrate"] * layout.num_layers
         self._scale_cache: dict[int, torch.Tensor] = {}
 
-    @property
-    def capacity_tokens(self) -> int:
-        return self.num_pages * self.page_size
-
-    @property
-    def nbytes(self) -> int:
-        return self.storage.numel() * self.storage.element_size()
-
     def set_scales(self, k_scale: torch.Tensor, v_scale: torch.Tensor, source: str) -> None:
         """Use fixed per-layer scales (from a checkpoint or a scales file)."""
-        n = self.layout.num_layers
-        if k_scale.numel() != n or v_scale.numel() != n:
-            raise ValueError(
-                f"expected {n} K and V scales, got {k_scale.numel()}/{v_scale.numel()}"
-            )
-        if bool((k_scale <= 0).any() or (v_scale <= 0).any()):
-            raise ValueError("KV scales must be positive")
-        self.k_scale = k_scale.float().flatten().clone()
-        self.v_scale = v_scale.float().flatten().clone()
+        self.k_scale, self.v_scale = self.checked_scales(k_scale, v_scale, "K and V")
         self.scale_source = source
-        self._calibrated = [True] * n
+        self._calibrated = [True] * self.layout.num_layers
         self._scale_cache = {}
-
-    def page_bytes(self, page: int) -> bytes:
-        """The stored bytes of one page across all layers (prefix-cache verification)."""
-        start = page * self.page_size
-        rows = self.storage[:, start : start + self.page_size].contiguous()
-        raw = rows.view(torch.uint8) if rows.element_size() == 1 else rows.view(torch.int16)
-        return raw.cpu().numpy().tobytes()
 
     def scales(self) -> dict[str, list[float]]:
         return {"k": self.k_scale.tolist(), "v": self.v_scale.tolist()}

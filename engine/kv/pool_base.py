@@ -1,0 +1,71 @@
+"""What every paged KV pool shares: page geometry, storage size, page bytes, scale checks.
+
+The GQA pool (per-head K and V) and the MLA pool (one latent row) differ in
+what a slot holds and how it is quantized, not in how pages are laid out.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.kv.sizing import KVLayout
+
+# fp8 is stored as uint8: index_copy_ and index_select are not defined for
+# float8 on every torch build, and the bytes are the same.
+STORAGE_DTYPES = {"bf16": torch.bfloat16, "float32": torch.float32, "fp8_e4m3": torch.uint8}
+
+
+class PagedPoolBase:
+    layout_kind = ""  # "gqa" or "mla", checked against the layout given
+
+    def __init__(
+        self,
+        layout: KVLayout,
+        num_pages: int,
+        page_size: int,
+        kv_dtype: str,
+        device: torch.device | str = "cpu",
+    ):
+        if layout.kind != self.layout_kind:
+            raise ValueError(
+                f"{type(self).__name__} stores {self.layout_kind.upper()} layouts, "
+                f"not {layout.kind.upper()}"
+            )
+        if kv_dtype not in STORAGE_DTYPES:
+            raise ValueError(f"kv dtype {kv_dtype!r}: use one of {sorted(STORAGE_DTYPES)}")
+        self.layout = layout
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.kv_dtype = kv_dtype
+        self.is_fp8 = kv_dtype == "fp8_e4m3"
+        self.device = torch.device(device)
+        self.storage_dtype = STORAGE_DTYPES[kv_dtype]
+        self.storage: torch.Tensor  # [layers, slots, ...], set by the subclass
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.storage.numel() * self.storage.element_size()
+
+    def page_bytes(self, page: int) -> bytes:
+        """The stored bytes of one page across all layers (prefix-cache verification)."""
+        start = page * self.page_size
+        rows = self.storage[:, start : start + self.page_size].contiguous()
+        raw = rows.view(torch.uint8) if rows.element_size() == 1 else rows.view(torch.int16)
+        return raw.cpu().numpy().tobytes()
+
+    def checked_scales(
+        self, first: torch.Tensor, second: torch.Tensor, names: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two per-layer float32 scale vectors, validated (count and sign)."""
+        n = self.layout.num_layers
+        first = torch.as_tensor(first, dtype=torch.float32).flatten().clone()
+        second = torch.as_tensor(second, dtype=torch.float32).flatten().clone()
+        if first.numel() != n or second.numel() != n:
+            raise ValueError(f"expected {n} {names} scales, got {first.numel()}/{second.numel()}")
+        if bool((first <= 0).any() or (second <= 0).any()):
+            raise ValueError("KV scales must be positive")
+        return first, second
