@@ -39,6 +39,10 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._loop, name="resident-engine", daemon=True)
         self._thread.start()
 
+    def is_alive(self) -> bool:
+        """Whether the engine thread is still serving (for health checks)."""
+        return self._thread.is_alive() and not self._stopped.is_set()
+
     @property
     def tokenizer(self):
         return self.engine.tokenizer
