@@ -121,3 +121,13 @@ class RotaryEmbedding(nn.Module):
         """Rotate x [tokens, heads, head_dim] in place (q and k may be passed together)."""
         cos, sin = self.tables(positions, x.dtype, step_cache)
         self._rotate(x, cos, sin)
+
+
+def model_rotary(cfg, interleaved: bool, default_partial: float = 1.0) -> RotaryEmbedding:
+    """One rotary table for all of a model's layers (tables for 128k+ positions are
+    tens of MB each). `cfg` is a ModelConfig; `default_partial` applies when the
+    config names no partial_rotary_factor."""
+    rotary_dim = int(cfg.head_dim * float(cfg.rope.get("partial_rotary_factor", default_partial)))
+    max_positions = cfg.max_position_embeddings
+    inv_freq, scaling = rope_inv_freq(rotary_dim, cfg.rope, max_positions)
+    return RotaryEmbedding(rotary_dim, max_positions, inv_freq, interleaved, scaling)

@@ -12,6 +12,7 @@ from engine.attention.metadata import AttentionMetadata
 from engine.errors import CheckpointError
 from engine.kv.sizing import KVLayout
 from engine.layers.linear import FusedLinear
+from engine.layers.norm import RMSNorm
 
 
 @dataclass
@@ -25,6 +26,23 @@ class ForwardContext:
     step_cache: dict = field(default_factory=dict)
 
 
+class PreNormDecoderLayer(nn.Module):
+    """The common decoder layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, self_attn: nn.Module, mlp: nn.Module, hidden_size: int, eps: float):
+        super().__init__()
+        self.self_attn = self_attn
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
 class CausalLM(nn.Module):
     """Base for decoder-only models: embed -> layers -> norm -> lm_head."""
 
@@ -35,6 +53,20 @@ class CausalLM(nn.Module):
     tie_word_embeddings: bool = False
     # Whether --deterministic's batch-invariant kernels cover every reduction it runs.
     supports_deterministic: bool = False
+
+    def build(self, cfg, layer_factory) -> None:
+        """embed -> layers from `layer_factory(i)` -> norm, and lm_head (tied if configured)."""
+        from engine.models.llama import LlamaModel  # the shared trunk
+
+        self.config = cfg
+        self.model = LlamaModel(cfg, layer_factory)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_word_embeddings = bool(cfg.get("tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext):
+        return self.model(input_ids, positions, ctx)
 
     def kv_layout(self) -> KVLayout:
         """What one token costs in the KV cache; GQA by default, MLA models override."""

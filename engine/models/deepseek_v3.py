@@ -31,8 +31,7 @@ from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, rope_inv_freq
 from engine.layers.yarn import softmax_scale_multiplier
 from engine.model_config import ModelConfig
-from engine.models.base import CausalLM, ForwardContext
-from engine.models.llama import LlamaModel
+from engine.models.base import CausalLM, ForwardContext, PreNormDecoderLayer
 from engine.models.moe_mlp import feed_forward, moe_packed_modules
 
 
@@ -129,22 +128,15 @@ class MLAAttention(nn.Module):
         return self.o_proj(out.flatten(1))
 
 
-class DeepseekV3DecoderLayer(nn.Module):
-    def __init__(
-        self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding, routing: RoutingConfig | None
-    ):
-        super().__init__()
-        self.self_attn = MLAAttention(cfg, layer, rotary)
-        self.mlp = feed_forward(cfg, layer, routing)
-        eps = cfg.get("rms_norm_eps", 1e-6)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
-
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
-    ) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+def deepseek_v3_decoder_layer(
+    cfg: ModelConfig, layer: int, rotary: RotaryEmbedding, routing: RoutingConfig | None
+) -> PreNormDecoderLayer:
+    return PreNormDecoderLayer(
+        MLAAttention(cfg, layer, rotary),
+        feed_forward(cfg, layer, routing),
+        cfg.hidden_size,
+        cfg.get("rms_norm_eps", 1e-6),
+    )
 
 
 class DeepseekV3ForCausalLM(CausalLM):
@@ -152,18 +144,13 @@ class DeepseekV3ForCausalLM(CausalLM):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.config = cfg
         self.packed_modules = dict(moe_packed_modules())
         if cfg.get("q_lora_rank"):
             self.packed_modules["q_a_proj"] = ("fused_qkv_a_proj", "q_a")
             self.packed_modules["kv_a_proj_with_mqa"] = ("fused_qkv_a_proj", "kv_a")
         routing = RoutingConfig.from_config(cfg.raw) if cfg.get("n_routed_experts") else None
         rotary = mla_rotary(cfg)
-        self.model = LlamaModel(cfg, lambda i: DeepseekV3DecoderLayer(cfg, i, rotary, routing))
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.tie_word_embeddings = bool(cfg.get("tie_word_embeddings", False))
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.build(cfg, lambda i: deepseek_v3_decoder_layer(cfg, i, rotary, routing))
 
     def kv_layout(self) -> MLALayout:
         return mla_kv_layout(self.config)
@@ -174,6 +161,3 @@ class DeepseekV3ForCausalLM(CausalLM):
             raise ValueError(f"MLA path {path!r}: use one of {PATHS}")
         for layer in self.model.layers:
             layer.self_attn.path = path
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext):
-        return self.model(input_ids, positions, ctx)

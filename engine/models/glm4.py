@@ -6,20 +6,17 @@ import torch
 from torch import nn
 
 from engine.layers.norm import RMSNorm
+from engine.layers.rotary import RotaryEmbedding, model_rotary
 from engine.model_config import ModelConfig
 from engine.models.base import CausalLM, ForwardContext
-from engine.models.llama import GatedMLP, GQAAttention, LlamaModel
+from engine.models.llama import GatedMLP, GQAAttention
 
 
 class Glm4DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding):
         super().__init__()
         self.self_attn = GQAAttention(
-            cfg,
-            layer,
-            qkv_bias=bool(cfg.get("attention_bias", True)),
-            o_bias=False,
-            interleaved=True,
+            cfg, layer, qkv_bias=bool(cfg.get("attention_bias", True)), o_bias=False, rotary=rotary
         )
         self.mlp = GatedMLP(cfg.hidden_size, cfg["intermediate_size"])
         eps = cfg.get("rms_norm_eps", 1e-5)
@@ -48,19 +45,11 @@ class Glm4ForCausalLM(CausalLM):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.config = cfg
-        if "partial_rotary_factor" not in cfg.rope:
-            cfg.rope["partial_rotary_factor"] = 0.5  # transformers' default for GLM-4
-        self.model = LlamaModel(cfg, lambda i: Glm4DecoderLayer(cfg, i))
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.tie_word_embeddings = bool(cfg.get("tie_word_embeddings", False))
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        # Interleaved pairs over half the head unless configured (transformers' default).
+        rotary = model_rotary(cfg, interleaved=True, default_partial=0.5)
+        self.build(cfg, lambda i: Glm4DecoderLayer(cfg, i, rotary))
 
     def checkpoint_target(self, name: str) -> tuple[str, str | None]:
         if ".gate_up_proj." in name:
             return name, None
         return super().checkpoint_target(name)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext):
-        return self.model(input_ids, positions, ctx)

@@ -21,26 +21,13 @@ from engine.layers.linear import FusedLinear
 from engine.layers.moe import ROUTER_FP32_SUFFIXES
 from engine.layers.moe_routing import RoutingConfig
 from engine.layers.norm import RMSNorm
-from engine.layers.rotary import RotaryEmbedding, rope_inv_freq
+from engine.layers.rotary import RotaryEmbedding, model_rotary
 from engine.model_config import ModelConfig
-from engine.models.base import CausalLM, ForwardContext
-from engine.models.llama import LlamaModel
+from engine.models.base import CausalLM, ForwardContext, PreNormDecoderLayer
 from engine.models.moe_mlp import feed_forward, moe_packed_modules
 
 # transformers' Glm4MoeConfig default when a config does not say.
 DEFAULT_PARTIAL_ROTARY_FACTOR = 0.5
-
-
-def shared_rotary(cfg: ModelConfig) -> RotaryEmbedding:
-    """One cos/sin table for all layers (tables for 128k+ positions are tens of MB each)."""
-    rotary_dim = int(
-        cfg.head_dim * cfg.rope.get("partial_rotary_factor", DEFAULT_PARTIAL_ROTARY_FACTOR)
-    )
-    max_positions = cfg.max_position_embeddings
-    inv_freq, scaling = rope_inv_freq(rotary_dim, cfg.rope, max_positions)
-    return RotaryEmbedding(
-        rotary_dim, max_positions, inv_freq, interleaved=False, attention_scaling=scaling
-    )
 
 
 class Glm4MoeAttention(nn.Module):
@@ -83,22 +70,15 @@ class Glm4MoeAttention(nn.Module):
         return self.o_proj(out.flatten(1))
 
 
-class Glm4MoeDecoderLayer(nn.Module):
-    def __init__(
-        self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding, routing: RoutingConfig | None
-    ):
-        super().__init__()
-        self.self_attn = Glm4MoeAttention(cfg, layer, rotary)
-        self.mlp = feed_forward(cfg, layer, routing)
-        eps = cfg.get("rms_norm_eps", 1e-5)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
-
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
-    ) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+def glm4_moe_decoder_layer(
+    cfg: ModelConfig, layer: int, rotary: RotaryEmbedding, routing: RoutingConfig | None
+) -> PreNormDecoderLayer:
+    return PreNormDecoderLayer(
+        Glm4MoeAttention(cfg, layer, rotary),
+        feed_forward(cfg, layer, routing),
+        cfg.hidden_size,
+        cfg.get("rms_norm_eps", 1e-5),
+    )
 
 
 class Glm4MoeForCausalLM(CausalLM):
@@ -112,14 +92,6 @@ class Glm4MoeForCausalLM(CausalLM):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.config = cfg
         routing = RoutingConfig.from_config(cfg.raw) if cfg.get("n_routed_experts") else None
-        rotary = shared_rotary(cfg)
-        self.model = LlamaModel(cfg, lambda i: Glm4MoeDecoderLayer(cfg, i, rotary, routing))
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.tie_word_embeddings = bool(cfg.get("tie_word_embeddings", False))
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext):
-        return self.model(input_ids, positions, ctx)
+        rotary = model_rotary(cfg, interleaved=False, default_partial=DEFAULT_PARTIAL_ROTARY_FACTOR)
+        self.build(cfg, lambda i: glm4_moe_decoder_layer(cfg, i, rotary, routing))

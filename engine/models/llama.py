@@ -8,16 +8,16 @@ from torch import nn
 from engine.layers.activation import silu_and_mul
 from engine.layers.linear import FusedLinear
 from engine.layers.norm import RMSNorm
-from engine.layers.rotary import RotaryEmbedding, rope_inv_freq
+from engine.layers.rotary import RotaryEmbedding, model_rotary
 from engine.model_config import ModelConfig
-from engine.models.base import CausalLM, ForwardContext
+from engine.models.base import CausalLM, ForwardContext, PreNormDecoderLayer
 
 
 class GQAAttention(nn.Module):
     """Fused qkv projection, rotary, paged attention, output projection."""
 
     def __init__(
-        self, cfg: ModelConfig, layer: int, qkv_bias: bool, o_bias: bool, interleaved: bool
+        self, cfg: ModelConfig, layer: int, qkv_bias: bool, o_bias: bool, rotary: RotaryEmbedding
     ):
         super().__init__()
         self.layer = layer
@@ -30,11 +30,7 @@ class GQAAttention(nn.Module):
             cfg.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=qkv_bias
         )
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=o_bias)
-        rotary_dim = int(self.head_dim * cfg.partial_rotary_factor)
-        inv_freq, scaling = rope_inv_freq(rotary_dim, cfg.rope)
-        self.rotary = RotaryEmbedding(
-            rotary_dim, cfg.max_position_embeddings, inv_freq, interleaved, scaling
-        )
+        self.rotary = rotary
         self.scale = self.head_dim**-0.5
 
     def forward(
@@ -60,20 +56,15 @@ class GatedMLP(nn.Module):
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
-class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, qkv_bias: bool, o_bias: bool):
-        super().__init__()
-        self.self_attn = GQAAttention(cfg, layer, qkv_bias, o_bias, interleaved=False)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg["intermediate_size"], cfg.get("mlp_bias", False))
-        eps = cfg.get("rms_norm_eps", 1e-6)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
-
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
-    ) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+def llama_decoder_layer(
+    cfg: ModelConfig, layer: int, qkv_bias: bool, o_bias: bool, rotary: RotaryEmbedding
+) -> PreNormDecoderLayer:
+    return PreNormDecoderLayer(
+        GQAAttention(cfg, layer, qkv_bias, o_bias, rotary),
+        GatedMLP(cfg.hidden_size, cfg["intermediate_size"], cfg.get("mlp_bias", False)),
+        cfg.hidden_size,
+        cfg.get("rms_norm_eps", 1e-6),
+    )
 
 
 class LlamaModel(nn.Module):
@@ -103,21 +94,14 @@ class LlamaForCausalLM(CausalLM):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.config = cfg
         qkv_bias = cfg.get("attention_bias", self.qkv_bias_default)
         o_bias = self.o_bias(cfg)
-        self.model = LlamaModel(cfg, lambda i: LlamaDecoderLayer(cfg, i, qkv_bias, o_bias))
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.tie_word_embeddings = bool(cfg.get("tie_word_embeddings", False))
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        rotary = model_rotary(cfg, interleaved=False)
+        self.build(cfg, lambda i: llama_decoder_layer(cfg, i, qkv_bias, o_bias, rotary))
 
     @staticmethod
     def o_bias(cfg: ModelConfig) -> bool:
         return bool(cfg.get("attention_bias", False))
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext):
-        return self.model(input_ids, positions, ctx)
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
