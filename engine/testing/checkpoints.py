@@ -123,23 +123,24 @@ def _bias_qkv(model) -> None:
                 proj.bias.normal_(0, 0.5)
 
 
+# The dense families share these sizes: 2 layers, hidden 64, GQA 4 query / 2 KV heads.
+DENSE_SIZES = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    eos_token_id=2,
+)
+
+
 def tiny_llama(directory: Path, seed: int = 0, **overrides) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    params = dict(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        eos_token_id=2,
-        bos_token_id=0,
-    )
-    params.update(overrides)
+    params = {**DENSE_SIZES, "tie_word_embeddings": True, "bos_token_id": 0, **overrides}
     model = LlamaForCausalLM(LlamaConfig(**params)).eval()
     return save_model(model, directory)
 
@@ -148,18 +149,8 @@ def tiny_qwen2(directory: Path, seed: int = 0, **overrides) -> Path:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    params = dict(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        eos_token_id=2,
-    )
-    model = Qwen2ForCausalLM(Qwen2Config(**{**params, **overrides})).eval()
+    params = {**DENSE_SIZES, "tie_word_embeddings": False, **overrides}
+    model = Qwen2ForCausalLM(Qwen2Config(**params)).eval()
     _bias_qkv(model)
     return save_model(model, directory)
 
@@ -168,19 +159,7 @@ def tiny_glm4(directory: Path, seed: int = 0, **overrides) -> Path:
     from transformers import Glm4Config, Glm4ForCausalLM
 
     torch.manual_seed(seed)
-    params = dict(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=512,
-        attention_bias=True,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
+    params = {**DENSE_SIZES, "head_dim": 16, "attention_bias": True, "pad_token_id": 0}
     model = Glm4ForCausalLM(Glm4Config(**{**params, **overrides})).eval()
     _bias_qkv(model)
     with torch.no_grad():
