@@ -18,16 +18,16 @@ from pydantic import Field
 from tools.base import Arguments, Effect, Tool, ToolAccess, ToolResult
 from tools.context import ToolContext
 from tools.file_guard import (
+    modify_locked,
     newline_style,
-    resolve_for_write,
     staleness_problem,
     to_newline,
     unified_diff,
 )
 from tools.file_read import looks_binary
 from tools.file_state import FileStamp
-from tools.paths import PathError, ResolvedPath
-from tools.safe_fs import UnsafePathError, atomic_write, lstat, read_bytes
+from tools.paths import ResolvedPath
+from tools.safe_fs import atomic_write, lstat, read_bytes
 
 
 class EditArgs(Arguments):
@@ -108,20 +108,7 @@ class EditTool(Tool):
     def run(self, args: EditArgs, ctx: ToolContext) -> ToolResult:
         if args.old_string == args.new_string:
             return ToolResult.error("old_string and new_string are identical; nothing to change.")
-        try:
-            target = resolve_for_write(args.path, ctx)
-        except PathError as exc:
-            return ToolResult.error(str(exc))
-        with ctx.file_states.locked(target.real):
-            try:
-                return self._edit(args, ctx, target)
-            except UnsafePathError as exc:
-                return ToolResult.error(
-                    f"Refusing to edit {args.path}: a directory on its path is now a "
-                    f"symbolic link or not a directory ({exc.strerror})."
-                )
-            except OSError as exc:
-                return ToolResult.error(f"Cannot edit {args.path}: {exc.strerror or exc}")
+        return modify_locked(args.path, ctx, "edit", lambda target: self._edit(args, ctx, target))
 
     def _edit(self, args: EditArgs, ctx: ToolContext, target: ResolvedPath) -> ToolResult:
         existing = lstat(target.root, target.relative)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Callable
 
+from tools.base import ToolResult
 from tools.context import ToolContext
 from tools.file_state import FileStamp
 from tools.paths import PathError, ResolvedPath, resolve_path
+from tools.safe_fs import UnsafePathError
 
 
 def resolve_for_write(raw: str, ctx: ToolContext) -> ResolvedPath:
@@ -21,6 +24,27 @@ def resolve_for_write(raw: str, ctx: ToolContext) -> ResolvedPath:
     if target.relative.as_posix() == ".":
         raise PathError(f"{raw!r} is the workspace root, a directory")
     return target
+
+
+def modify_locked(
+    raw: str, ctx: ToolContext, verb: str, action: Callable[[ResolvedPath], ToolResult]
+) -> ToolResult:
+    """Resolve `raw` for writing and run `action` on it under the file's lock, turning
+    path and OS failures into errors the model can act on (`verb`: "write", "edit")."""
+    try:
+        target = resolve_for_write(raw, ctx)
+    except PathError as exc:
+        return ToolResult.error(str(exc))
+    with ctx.file_states.locked(target.real):
+        try:
+            return action(target)
+        except UnsafePathError as exc:
+            return ToolResult.error(
+                f"Refusing to {verb} {raw}: a directory on its path is now a "
+                f"symbolic link or not a directory ({exc.strerror})."
+            )
+        except OSError as exc:
+            return ToolResult.error(f"Cannot {verb} {raw}: {exc.strerror or exc}")
 
 
 def staleness_problem(

@@ -9,15 +9,14 @@ from pydantic import Field
 from tools.base import Arguments, Effect, Tool, ToolAccess, ToolResult
 from tools.context import ToolContext
 from tools.file_guard import (
+    modify_locked,
     newline_style,
-    resolve_for_write,
     staleness_problem,
     to_newline,
     unified_diff,
 )
 from tools.file_state import FileStamp
-from tools.paths import PathError
-from tools.safe_fs import UnsafePathError, atomic_write, lstat, read_bytes
+from tools.safe_fs import atomic_write, lstat, read_bytes
 
 
 class WriteArgs(Arguments):
@@ -39,22 +38,7 @@ class WriteTool(Tool):
         return ToolAccess(effect=self.effect, summary=f"Write {args.path}", paths=(args.path,))
 
     def run(self, args: WriteArgs, ctx: ToolContext) -> ToolResult:
-        try:
-            target = resolve_for_write(args.path, ctx)
-        except PathError as exc:
-            return ToolResult.error(str(exc))
-        with ctx.file_states.locked(target.real):
-            try:
-                return self._write(args, ctx, target)
-            except UnsafePathError as exc:
-                return ToolResult.error(
-                    f"Refusing to write {args.path}: a directory on its path is now a "
-                    f"symbolic link or not a directory ({exc.strerror})."
-                )
-            except IsADirectoryError as exc:
-                return ToolResult.error(f"Cannot write {args.path}: {exc.strerror}")
-            except OSError as exc:
-                return ToolResult.error(f"Cannot write {args.path}: {exc.strerror or exc}")
+        return modify_locked(args.path, ctx, "write", lambda target: self._write(args, ctx, target))
 
     def _write(self, args: WriteArgs, ctx: ToolContext, target) -> ToolResult:
         existing = lstat(target.root, target.relative)

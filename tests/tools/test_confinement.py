@@ -9,6 +9,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 import tools.file_edit
+import tools.file_guard
 import tools.file_write
 from tools.file_guard import resolve_for_write
 from tools.paths import OutsideWorkspaceError, PathError, resolve_path, sensitivity
@@ -128,7 +129,10 @@ def _swap_directory_after_resolving(monkeypatch, module, directory: Path, target
         directory.symlink_to(target, target_is_directory=True)
         return resolved
 
-    monkeypatch.setattr(module, "resolve_for_write", resolve_then_swap)
+    # write and edit both resolve through file_guard.modify_locked; `module` names the
+    # tool under test.
+    assert module in (tools.file_write, tools.file_edit)
+    monkeypatch.setattr(tools.file_guard, "resolve_for_write", resolve_then_swap)
 
 
 def test_write_after_a_late_symlink_swap_stays_inside(call, workspace, outside, monkeypatch):
