@@ -71,6 +71,24 @@ class PagedKVPool(PagedPoolBase):
             kv = kv.to(self.storage.dtype)
         self.storage[layer].index_copy_(0, slots, kv)
 
+    def layer_scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V scales of a layer as float32 [kv_heads] tensors on the pool's device.
+
+        The form GPU kernels take; per-tensor scales are repeated per head.
+        """
+        heads = self.layout.num_kv_heads
+        k = (
+            self.k_scale[layer].reshape(-1).expand(heads)
+            if self.k_scale[layer].numel() == 1
+            else self.k_scale[layer]
+        )
+        v = (
+            self.v_scale[layer].reshape(-1).expand(heads)
+            if self.v_scale[layer].numel() == 1
+            else self.v_scale[layer]
+        )
+        return k.contiguous().to(self.device), v.contiguous().to(self.device)
+
     def _scales(self, layer: int) -> torch.Tensor:
         """[2, 1, 1] K and V scales of a layer, broadcastable over [T, 2, heads, dim]."""
         cached = self._scale_cache.get(layer)
