@@ -39,8 +39,14 @@ def kv_bytes_per_token(layout: KVLayout, kv_dtype: str, tp: int = 1) -> int:
     return 2 * layout.num_layers * heads_per_rank * layout.head_dim * element
 
 
-def capacity_tokens(budget_bytes: int, layout: KVLayout, kv_dtype: str, page_size: int) -> int:
-    """Whole pages that fit the budget, in tokens."""
-    per_token = kv_bytes_per_token(layout, kv_dtype)
-    pages = budget_bytes // (per_token * page_size)
+def capacity_tokens(
+    budget_bytes: int, layout: KVLayout, kv_dtype: str, page_size: int, tp: int = 1
+) -> int:
+    """Whole pages that fit the budget, in tokens.
+
+    `budget_bytes` is one GPU's KV budget; with tensor parallelism every rank holds
+    its share of the same tokens, so one rank's budget is the replica's capacity.
+    """
+    per_token = kv_bytes_per_token(layout, kv_dtype, tp)
+    pages = max(0, int(budget_bytes)) // (per_token * page_size)
     return int(pages) * page_size
