@@ -1,0 +1,165 @@
+"""TritonAttentionBackend: the torch backend's interface, on Triton kernels.
+
+Same contract as engine.attention.torch_backend.TorchAttentionBackend: write
+this step's K and V to the pool first, then attend over each sequence's
+context read back from the pool (DESIGN.md §3). Decode-only steps use the
+split-K decode kernel, every other step the prefill kernel. MLA models call
+`mla_decode` through the hook in engine.attention.mla for decode steps on
+the absorbed path; other MLA steps stay on the torch paths.
+
+Scales reach the kernels as float32 [kv_heads] tensors from
+`pool.layer_scales(layer)` (per-tensor scales repeated per head), so
+per-KV-head scales need no kernel change. While a layer's FP8 scales are
+still to be calibrated, or the pool is observing what is written, the pool's
+own write runs instead of the kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+from engine.attention.triton import interpreting
+from engine.attention.triton.common import step_tables
+from engine.attention.triton.decode import gqa_decode
+from engine.attention.triton.kv_write import write_gqa, write_mla
+from engine.attention.triton.mla_decode import mla_decode
+from engine.attention.triton.prefill import prefill_attention
+
+
+def _needs_pool_write(pool, layer: int) -> bool:
+    """Whether this write must go through the pool's own (torch) write.
+
+    FP8 pools calibrate a layer's scales on its first write and can record the
+    maxima of everything written (`observe`, for calibrating over a prompt
+    set); both happen inside pool.write. When the pool does not say (no such
+    attributes), the pool writes: slower, never wrong.
+    """
+    if not pool.is_fp8:
+        return False
+    calibrated = getattr(pool, "_calibrated", None)
+    if calibrated is None or not calibrated[layer]:
+        return True
+    return getattr(pool, "_observed", None) is not None
+
+
+class TritonAttentionBackend:
+    name = "triton"
+
+    def __init__(self, fallback=None):
+        # With a fallback ("auto"), tensors the kernels cannot run on (CPU
+        # without the interpreter) go to it; without one they are an error.
+        self.fallback = fallback
+        self.mla_decode_calls = 0  # how often MLA decode ran here (benchmarks report it)
+        self._scales: dict[tuple, object] = {}  # device copies of scales, see _layer_scales
+
+    def _runs_here(self, x: torch.Tensor) -> bool:
+        if x.is_cuda or interpreting():
+            return True
+        if self.fallback is None:
+            from engine.errors import EngineError
+
+            raise EngineError(
+                "the triton attention backend runs on CUDA tensors (or on CPU under "
+                "TRITON_INTERPRET=1, for tests); use --attention-backend torch on CPU"
+            )
+        return False
+
+    def _layer_scales(self, pool, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """pool.layer_scales(layer) on the device, cached until the scales change.
+
+        The key holds the scale tensors' identity and in-place version, so a
+        calibration or set_scales is seen; without those attributes, no cache.
+        """
+        k, v = getattr(pool, "k_scale", None), getattr(pool, "v_scale", None)
+        if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):
+            return pool.layer_scales(layer)
+        key = (id(pool), layer, id(k), k._version, id(v), v._version)
+        cached = self._scales.get(key)
+        if cached is None:
+            self._scales = {kk: vv for kk, vv in self._scales.items() if kk[:2] != key[:2]}
+            cached = self._scales[key] = pool.layer_scales(layer)
+        return cached
+
+    def _device_scales(self, pool, layer: int, *values: float) -> torch.Tensor | None:
+        """MLA write scales as a float32 device tensor, made once per value (no copy per step)."""
+        if not pool.is_fp8:
+            return None
+        key = (id(pool), layer, *values)
+        cached = self._scales.get(key)
+        if cached is None:
+            self._scales = {kk: vv for kk, vv in self._scales.items() if kk[:2] != key[:2]}
+            tensor = torch.tensor(values, dtype=torch.float32).to(pool.storage.device)
+            cached = self._scales[key] = tensor
+        return cached
+
+    def forward(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        pool,
+        meta: AttentionMetadata,
+        softmax_scale: float,
+    ) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> attention output [T, Hq, D]."""
+        if not self._runs_here(q):
+            return self.fallback.forward(layer, q, k, v, pool, meta, softmax_scale)
+        storage = pool.storage[layer]
+        through_pool = _needs_pool_write(pool, layer)
+        if through_pool:
+            pool.write(layer, k, v, meta.slot_mapping)
+        k_scales, v_scales = self._layer_scales(pool, layer)
+        if not through_pool:
+            write_gqa(storage, meta.slot_mapping, k, v, k_scales, v_scales)
+        tables = step_tables(meta, pool.page_size)
+        if meta.decode_only:
+            return gqa_decode(q, storage, tables, k_scales, v_scales, softmax_scale)
+        return prefill_attention(q, storage, tables, k_scales, v_scales, softmax_scale)
+
+    def mla_decode(
+        self,
+        layer: int,
+        q_nope: torch.Tensor,
+        q_rope: torch.Tensor,
+        latent: torch.Tensor,
+        k_rope: torch.Tensor,
+        kv_b_weight: torch.Tensor,
+        pool,
+        meta: AttentionMetadata,
+        dims,
+        softmax_scale: float,
+    ) -> torch.Tensor | None:
+        """Absorbed MLA for a decode step -> [B, H, v_dim]; None leaves the step to torch.
+
+        Shapes as engine.attention.mla.mla_attention: q_nope [B, H, nope],
+        q_rope [B, H, rope] (rotated), latent [B, lora_rank], k_rope [B, rope].
+        """
+        if not meta.decode_only or not self._runs_here(q_nope):
+            return None
+        storage = pool.storage[layer]
+        through_pool = _needs_pool_write(pool, layer)
+        if through_pool:
+            pool.write(layer, latent, k_rope, meta.slot_mapping)
+        latent_scale, rope_scale = _mla_scales(pool, layer)
+        if not through_pool:
+            scales = self._device_scales(pool, layer, latent_scale, rope_scale)
+            write_mla(storage, meta.slot_mapping, latent, k_rope, scales)
+        h, r = dims.num_heads, dims.lora_rank
+        per_head = kv_b_weight.view(h, dims.nope_dim + dims.v_dim, r)
+        w_uk, w_uv = per_head[:, : dims.nope_dim], per_head[:, dims.nope_dim :]
+        q_latent = torch.einsum("thn,hnr->thr", q_nope, w_uk)
+        queries = torch.cat([q_latent, q_rope.to(q_latent.dtype)], dim=-1)
+        tables = step_tables(meta, pool.page_size)
+        out_latent = mla_decode(
+            queries, storage, tables, r, latent_scale, rope_scale, softmax_scale
+        )
+        self.mla_decode_calls += 1
+        return torch.einsum("thr,hvr->thv", out_latent, w_uv)
+
+
+def _mla_scales(pool, layer: int) -> tuple[float, float]:
+    if not pool.is_fp8:
+        return 1.0, 1.0
+    return float(pool.latent_scale[layer]), float(pool.rope_scale[layer])

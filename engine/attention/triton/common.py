@@ -1,0 +1,143 @@
+"""What the Triton kernels share: dtype choices, the FP8 read, per-step page tables, split sizes.
+
+Kernels read the pool's storage directly: GQA `[slots, 2, kv_heads, head_dim]`
+and MLA `[slots, latent_dim]`, FP8 as uint8 bytes of float8_e4m3fn (DESIGN.md
+§3), with `slot = page * page_size + offset` as the runner lays them out. So a
+sequence's context is described by a page table (one int32 per page) instead
+of one slot per token, and a kernel finds position p at
+`table[p // page_size] * page_size + p % page_size`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.attention.triton import interpreting
+from engine.kv.quant import FP8_MAX
+
+LOG2E = 1.4426950408889634  # kernels use exp2, so scores are scaled by log2(e)
+FP8_MAX_VALUE = tl.constexpr(FP8_MAX)
+# Splits are at least this many tokens: below it the merge costs more than the
+# parallelism gains.
+MIN_SPLIT_TOKENS = 256
+# Programs to aim for per streaming multiprocessor when choosing a split count.
+PROGRAMS_PER_SM = 2
+INTERPRETER_SMS = 4  # the interpreter has no GPU to ask; small, like the test shapes
+
+
+@triton.jit
+def load_as(ptrs, mask, IS_FP8: tl.constexpr, DOT: tl.constexpr):
+    """Load stored K/V/latent values and convert them to the dot dtype, exactly.
+
+    FP8 bytes are reinterpreted as e4m3 and widened in registers: every e4m3
+    value is exact in bf16 and fp32, so no rounding happens before the
+    scale, which callers apply to the (fp32) scores and outputs instead.
+    """
+    raw = tl.load(ptrs, mask=mask, other=0)
+    if IS_FP8:
+        x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        x = raw.to(tl.float32)
+    return x.to(DOT)
+
+
+def dot_config(dtype: torch.dtype) -> tuple[tl.dtype, str]:
+    """The dtype tl.dot multiplies in and its input precision, for activations of `dtype`.
+
+    On a GPU bf16/fp16 activations multiply in their own type on tensor cores
+    (e4m3 values are exact in both) with fp32 accumulation, and fp32 ones in
+    full IEEE precision (Triton's default would be tf32). The interpreter's
+    tl.dot gives garbage for bf16 operands (seen with Triton 3.9: results of
+    order 1e10), so under it everything multiplies in fp32.
+    """
+    if interpreting() or dtype == torch.float32:
+        return tl.float32, "ieee"
+    if dtype == torch.float16:
+        return tl.float16, "tf32"
+    return tl.bfloat16, "tf32"  # "tf32" is the default and only matters for fp32 operands
+
+
+def block_size(n: int, minimum: int = 16) -> int:
+    """The power-of-two tile covering n (tl.dot needs at least 16 along every dimension)."""
+    return max(minimum, triton.next_power_of_2(n))
+
+
+@dataclass
+class StepTables:
+    """Per-step tensors every layer's kernels share, built once per step."""
+
+    page_size: int
+    block_tables: torch.Tensor  # [B, pages] int32: page of each page-sized run of positions
+    seq_lens: torch.Tensor  # [B] int32: context length including this step's tokens
+    query_lens: torch.Tensor  # [B] int32
+    query_starts: torch.Tensor  # [B] int32: first flat token index of each sequence
+    max_seq_len: int
+    max_query_len: int
+
+
+def step_tables(meta, page_size: int) -> StepTables:
+    """Page tables and lengths for this step, cached on the metadata object (one per step)."""
+    store = getattr(meta, "__dict__", {})  # no cache if the metadata ever gets __slots__
+    cached = store.get("_triton_tables")
+    if cached is not None and cached.page_size == page_size:
+        return cached
+    device = meta.context_slots.device
+    slots = meta.context_slots
+    # The slot at each page's first position names the page (the runner lays
+    # slots out as page * page_size + offset).
+    tables = torch.div(slots[:, ::page_size], page_size, rounding_mode="floor").to(torch.int32)
+    starts = [0]
+    for n in meta.query_lens[:-1]:
+        starts.append(starts[-1] + n)
+    lengths = torch.tensor(
+        [list(meta.context_lens), list(meta.query_lens), starts], dtype=torch.int32
+    ).to(device)
+    tables = StepTables(
+        page_size=page_size,
+        block_tables=tables.contiguous(),
+        seq_lens=lengths[0],
+        query_lens=lengths[1],
+        query_starts=lengths[2],
+        max_seq_len=max(meta.context_lens),
+        max_query_len=max(meta.query_lens),
+    )
+    store["_triton_tables"] = tables
+    return tables
+
+
+_SM_COUNTS: dict[int, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNTS:
+        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNTS[index]
+
+
+def plan_splits(
+    programs: int, max_len: int, block_n: int, num_sms: int, split_tokens: int | None = None
+) -> tuple[int, int]:
+    """(number of splits, tokens per split) for split-K decode.
+
+    `programs` is how many programs one split already launches (batch times
+    head groups). Long contexts with few programs are cut along the sequence
+    until the GPU has about PROGRAMS_PER_SM programs per SM; each split covers
+    a whole number of BLOCK_N tiles and at least MIN_SPLIT_TOKENS tokens.
+    `split_tokens` fixes the split size instead (rounded up to whole tiles).
+    """
+    max_len = max(max_len, 1)
+    if split_tokens is not None:
+        per_split = split_tokens
+    else:
+        wanted = max(1, -(-PROGRAMS_PER_SM * num_sms // max(programs, 1)))
+        most = max(1, -(-max_len // max(MIN_SPLIT_TOKENS, block_n)))
+        per_split = -(-max_len // min(wanted, most))
+    per_split = -(-per_split // block_n) * block_n
+    return -(-max_len // per_split), per_split

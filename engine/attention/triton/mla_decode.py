@@ -1,0 +1,194 @@
+"""MLA decode: absorbed queries over the paged latent rows, split along the context.
+
+With W_UK folded into the query (engine/attention/mla.py), decode is
+multi-query attention with one KV "head" per token: the 576-value latent row
+`[c (lora_rank) | k_rope (rope_dim)]`. Scores are
+`latent_scale * q_c·c + rope_scale * q_rope·k_rope`, and the values are the
+latents themselves, so the output is `latent_scale * softmax · c`, still in
+latent space; the caller applies W_UV. Each program reads its rows once for
+BLOCK_H query heads (padded to 16 for tl.dot), dequantizing FP8 in
+registers, and the context is split as in GQA decode, with the same merge.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.attention.triton import interpreting
+from engine.attention.triton.common import (
+    LOG2E,
+    StepTables,
+    block_size,
+    dot_config,
+    load_as,
+    plan_splits,
+    sm_count,
+)
+from engine.attention.triton.decode import merge_splits, split_buffers
+
+BLOCK_H = 16  # query heads per program: the smallest tl.dot row count
+
+
+def tile_config() -> tuple[int, int]:
+    """(BLOCK_N, num_warps): a [BLOCK_N, 512] latent tile plus a [16, 512] fp32 accumulator
+    per program wants 8 warps on a GPU; the interpreter ignores warps."""
+    return (16, 4) if interpreting() else (32, 8)
+
+
+@triton.jit
+def _mla_decode_split_kernel(
+    q_ptr,
+    rows_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    qk_scale,
+    latent_scale,
+    rope_scale,
+    split_size,
+    stride_qb,
+    stride_qh,
+    stride_row,
+    stride_bt,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    NUM_HEADS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    LORA: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    ROPE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    # Head blocks vary fastest, so the programs reading the same rows run together
+    # and all but the first find them in L2.
+    head_block = tl.program_id(0)
+    seq = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    start = split * split_size
+    end = tl.minimum(start + split_size, seq_len)
+
+    heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    c = tl.arange(0, BLOCK_L)
+    r = tl.arange(0, BLOCK_R)
+    h_mask = heads < NUM_HEADS
+    c_mask = c < LORA
+    r_mask = r < ROPE
+    q_row = q_ptr + seq.to(tl.int64) * stride_qb + heads[:, None] * stride_qh
+    q_c = tl.load(q_row + c[None, :], mask=h_mask[:, None] & c_mask[None, :], other=0.0).to(DOT)
+    q_r = tl.load(q_row + LORA + r[None, :], mask=h_mask[:, None] & r_mask[None, :], other=0.0)
+    q_r = q_r.to(DOT)
+    # The two parts have their own dequant scales; both fold into fp32 scores.
+    c_scale = qk_scale * latent_scale
+    r_scale = qk_scale * rope_scale
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        n_mask = pos < end
+        page = tl.load(table + pos // PAGE_SIZE, mask=n_mask, other=0)
+        row = rows_ptr + (page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE)[:, None] * stride_row
+        latent = load_as(row + c[None, :], n_mask[:, None] & c_mask[None, :], IS_FP8, DOT)
+        rope = load_as(row + LORA + r[None, :], n_mask[:, None] & r_mask[None, :], IS_FP8, DOT)
+        scores = tl.dot(q_c, tl.trans(latent), input_precision=PRECISION) * c_scale
+        scores += tl.dot(q_r, tl.trans(rope), input_precision=PRECISION) * r_scale
+        scores = tl.where(n_mask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), latent, input_precision=PRECISION)
+        m_i = m_new
+
+    seen = l_i > 0
+    denom = tl.where(seen, l_i, 1.0)
+    out = acc / denom[:, None] * latent_scale
+    lse = tl.where(seen, m_i + tl.log2(denom), float("-inf"))
+    part = part_out_ptr + seq.to(tl.int64) * stride_pb + split * stride_ps
+    tl.store(
+        part + heads[:, None] * stride_ph + c[None, :], out, mask=h_mask[:, None] & c_mask[None, :]
+    )
+    lse_ptrs = part_lse_ptr + seq.to(tl.int64) * stride_lb + heads * stride_lh + split
+    tl.store(lse_ptrs, lse, mask=h_mask)
+
+
+def mla_decode(
+    q: torch.Tensor,
+    rows: torch.Tensor,
+    tables: StepTables,
+    lora_rank: int,
+    latent_scale: float,
+    rope_scale: float,
+    softmax_scale: float,
+    out: torch.Tensor | None = None,
+    split_tokens: int | None = None,
+) -> torch.Tensor:
+    """Absorbed queries q [B, H, lora_rank + rope_dim] over rows [slots, latent_dim] -> [B, H, lora_rank].
+
+    The result is in latent space and already carries the latent scale.
+    Scales are 1.0 for BF16 rows. `split_tokens` fixes the split size (tests, benchmarks).
+    """
+    batch, heads, width = q.shape
+    if rows.shape[-1] != width:
+        raise ValueError(f"queries of width {width} over latent rows of {rows.shape[-1]}")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    rope_dim = width - lora_rank
+    block_n, num_warps = tile_config()
+    head_blocks = triton.cdiv(heads, BLOCK_H)
+    splits, split_size = plan_splits(
+        batch * head_blocks, tables.max_seq_len, block_n, sm_count(q.device), split_tokens
+    )
+    part_out, part_lse = split_buffers(batch, heads, splits, lora_rank, q.device)
+    dot, precision = dot_config(q.dtype)
+    _mla_decode_split_kernel[(head_blocks, batch, splits)](
+        q,
+        rows,
+        tables.block_tables,
+        tables.seq_lens,
+        part_out,
+        part_lse,
+        softmax_scale * LOG2E,
+        float(latent_scale),
+        float(rope_scale),
+        split_size,
+        q.stride(0),
+        q.stride(1),
+        rows.stride(0),
+        tables.block_tables.stride(0),
+        part_out.stride(0),
+        part_out.stride(1),
+        part_out.stride(2),
+        part_lse.stride(0),
+        part_lse.stride(1),
+        NUM_HEADS=heads,
+        BLOCK_H=BLOCK_H,
+        LORA=lora_rank,
+        BLOCK_L=block_size(lora_rank),
+        ROPE=rope_dim,
+        BLOCK_R=block_size(rope_dim),
+        PAGE_SIZE=tables.page_size,
+        BLOCK_N=block_n,
+        IS_FP8=rows.dtype == torch.uint8,
+        DOT=dot,
+        PRECISION=precision,
+        num_warps=num_warps,
+    )
+    if out is None:
+        out = torch.empty(batch, heads, lora_rank, dtype=q.dtype, device=q.device)
+    merge_splits(part_out, part_lse, out)
+    return out
