@@ -1,14 +1,15 @@
-"""`resident` with no subcommand: the agent on this repository, line by line.
+"""`resident --plain` (or `resident` on a pipe): the agent on this repository, line by line.
 
-A front end like headless (agent/headless.py), over the same runtime and
-event stream, until the Textual TUI replaces it. It holds no agent logic: it
+A front end like headless (agent/headless.py) and the TUI (agent/tui/), over
+the same runtime and event stream. It holds no agent logic: it
 renders events, sends each line as a user message of one continuing
 session, answers approvals on the terminal and turns Ctrl-C into interrupts.
 
 Two threads: the terminal (prompts, approval questions, Ctrl-C) is the main
 thread, so a blocking `input()` never stands in the agent's way and Ctrl-C
 arrives as KeyboardInterrupt where it is read; the agent runs on an asyncio
-loop in a second thread. Approval requests cross over through a queue.
+loop in a second thread (agent/agent_thread.py). Approval requests cross over
+through a queue; what the commands do is shared with the TUI (agent/commands.py).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import concurrent.futures
 import contextlib
 import queue
 import sys
-import threading
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
 from typing import Any, TextIO, TypeVar
 
+from agent.agent_thread import AgentThread
 from agent.clients import ClientError, LLMClient
+from agent.commands import SessionApprovals, reopen_runtime, undo_summary
 from agent.events import Event, SessionCompleted, Usage
 from agent.headless import EXIT_USAGE
 from agent.headless_output import ProgressPrinter
@@ -67,32 +68,6 @@ class ReplPrinter(ProgressPrinter):
             self._mid_line = False
 
 
-class _AgentThread:
-    """An asyncio loop on its own thread, where the runtime lives."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(
-            target=self.loop.run_forever, name="resident-agent", daemon=True
-        )
-        self.thread.start()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.submit(coro).result()
-
-    def call(self, fn: Callable[[], Any]) -> None:
-        self.loop.call_soon_threadsafe(fn)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
-        if not self.thread.is_alive():
-            self.loop.close()
-
-
 class Repl:
     def __init__(
         self,
@@ -106,12 +81,12 @@ class Repl:
         self.client = client
         self.read_line = read_line
         self.printer = ReplPrinter(self.out)
-        self.worker: _AgentThread | None = None
+        self.worker: AgentThread | None = None
         self.runtime: Runtime | None = None
         self.approvals: queue.Queue[tuple[ApprovalRequest, concurrent.futures.Future]] = (
             queue.Queue()
         )
-        self.allowed: set[tuple[str, str]] = set()  # (tool, request) allowed this session
+        self.allowed = SessionApprovals()
         self.last_message = ""
 
     # -- terminal ------------------------------------------------------------------
@@ -134,7 +109,7 @@ class Repl:
     # -- the session ---------------------------------------------------------------
 
     def run(self) -> int:
-        self.worker = _AgentThread()
+        self.worker = AgentThread()
         try:
             try:
                 self.runtime = self.worker.run(self._open(self.options, self.client))
@@ -205,13 +180,11 @@ class Repl:
             self.say("[compacted]" if done else "[nothing was compacted]")
         elif name == "/undo":
             report = self._work(self._agent().undo())
-            if report is None:
-                self.say("[nothing to undo in this session]")
-            else:
-                changed = len(report.written) + len(report.deleted)
-                self.say(f"[undone: back to checkpoint {report.checkpoint.id}, {changed} files]")
-                for problem in report.problems:
-                    self.say(f"  warning: {problem}")
+            first, *rest = undo_summary(report)
+            self.say(f"[{first[0].lower()}{first[1:].rstrip('.')}]")
+            for detail in rest:
+                if detail.startswith("warning:"):
+                    self.say(f"  {detail}")
         elif name == "/clear":
             self._new_session()
         else:
@@ -227,10 +200,9 @@ class Repl:
         old = self.runtime
 
         async def reopen() -> Runtime:
-            old.emitter.emit(SessionCompleted(final_message=self.last_message, exit_code=0))
-            old.session.close()
-            fresh = replace(self.options, resume=None, continue_last=False)
-            return await self._open(fresh, old.client)
+            return await reopen_runtime(
+                old, self.options, [self.printer], self._approve, self.last_message
+            )
 
         self.allowed.clear()
         self.last_message = ""
@@ -285,7 +257,7 @@ class Repl:
 
     async def _approve(self, request: ApprovalRequest) -> ApprovalAnswer:
         """The runtime's approval callback (agent thread): ask the terminal thread."""
-        if (request.tool, request.request) in self.allowed:
+        if self.allowed.allows(request):
             return ApprovalAnswer(True, "allowed for this session")
         answer: concurrent.futures.Future[ApprovalAnswer] = concurrent.futures.Future()
         self.approvals.put((request, answer))
@@ -301,7 +273,7 @@ class Repl:
             if choice in ("y", "yes"):
                 return ApprovalAnswer(True)
             if choice in ("a", "always"):
-                self.allowed.add((request.tool, request.request))
+                self.allowed.remember(request)
                 return ApprovalAnswer(True, "allowed for this session")
             if choice in ("n", "no"):
                 reason = reason.strip()

@@ -1,0 +1,42 @@
+"""Small text helpers the TUI's widgets share."""
+
+from __future__ import annotations
+
+import json
+
+
+def tokens(n: int | None) -> str:
+    """1234 -> 1.2k, 1234567 -> 1.23M: short enough for a status bar."""
+    if n is None:
+        return "?"
+    if n < 1000:
+        return str(n)
+    if n < 1_000_000:
+        return f"{n / 1000:.1f}k"
+    return f"{n / 1_000_000:.2f}M"
+
+
+def short(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def arguments(raw: str) -> dict:
+    """A tool call's arguments as a dict; {} when the model sent something else."""
+    try:
+        value = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def call_summary(name: str, raw_arguments: str, limit: int = 70) -> str:
+    """What a call is about, in a few words: its path, command or pattern."""
+    args = arguments(raw_arguments)
+    for key in ("command", "path", "pattern", "query", "ref", "message"):
+        value = args.get(key)
+        if isinstance(value, str) and value:
+            return short(value, limit)
+    if args:
+        return short(", ".join(f"{k}={json.dumps(v)}" for k, v in args.items()), limit)
+    return short(raw_arguments, limit) if raw_arguments.strip() else ""
