@@ -1,7 +1,8 @@
 """The `resident` command.
 
-`resident` with no subcommand opens the agent on the current repository,
-line by line (agent/repl.py), until the Textual TUI replaces it.
+`resident` with no subcommand opens the agent on the current repository: the
+Textual TUI (agent/tui/) on a terminal, the line-by-line REPL
+(agent/repl.py) with `--plain` or when stdin or stdout is not a terminal.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def _check_agent_options(model: str | None, attach: str | None, approval: str):
         _fail(f"--approval must be one of: {', '.join(m.value for m in ApprovalMode)}", code=2)
 
 
+def _on_terminal() -> bool:
+    """Whether `resident` talks to a person at a terminal (the TUI) or to a pipe."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
 @app.callback(invoke_without_command=True)
 def main(
     ctx: typer.Context,
@@ -53,26 +59,54 @@ def main(
         None, min=256, help="Tokens per request, for servers without /v1/engine/stats."
     ),
     approval: str = typer.Option("ask", help=APPROVAL_HELP),
+    resume: str = typer.Option(None, help="Continue the session with this id."),
+    continue_last: bool = typer.Option(
+        False, "--continue", help="Continue this repository's latest session."
+    ),
+    plain: bool = typer.Option(
+        False, "--plain", help="Line-by-line prompt instead of the TUI (also when piped)."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log engine details."),
 ) -> None:
-    """Open the agent on this repository, interactively (the TUI replaces this later)."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
+    """Open the agent on this repository: the TUI on a terminal, else line by line."""
     if ctx.invoked_subcommand is not None:
+        logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
         return
-    from agent.repl import run_repl
     from agent.runtime import RuntimeOptions
     from engine.errors import EngineError
 
     mode = _check_agent_options(model, attach, approval)
+    if resume and continue_last:
+        _fail("use --resume ID or --continue, not both", code=2)
     options = RuntimeOptions(
         model=model,
         attach=attach,
         api_key=api_key,
         context_window=context_window,
         approval=mode,
+        resume=resume,
+        continue_last=continue_last,
     )
+    use_tui = not plain and _on_terminal()
+    if use_tui:
+        # Log lines would tear the screen: they go to a file in the data directory.
+        from agent.session import data_dir
+
+        log_file = data_dir() / "resident.log"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        level = logging.INFO if verbose else logging.WARNING
+        logging.basicConfig(level=level, filename=str(log_file))
+    else:
+        logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     try:
-        code = run_repl(options)
+        if use_tui:
+            from agent.tui import run_tui
+
+            code = run_tui(options)
+        else:
+            from agent.repl import run_repl
+
+            code = run_repl(options)
     except EngineError as err:
         _fail(str(err))
     raise typer.Exit(code)
@@ -112,7 +146,17 @@ def serve(
     port: int = typer.Option(8000, help="TCP port."),
     dtype: str = typer.Option("auto", help="auto, bfloat16 or float32"),
     kv_cache_dtype: str = typer.Option("fp8_e4m3", help="auto, bf16 or fp8_e4m3"),
-    kv_rotation: str = typer.Option("none", help="none (hadamard is not implemented yet)"),
+    kv_rotation: str = typer.Option(
+        "auto",
+        help="Hadamard rotation of K/V before the FP8 cache: none, hadamard, or auto "
+        "(hadamard for fp8_e4m3 unless fixed KV scales were measured without rotation).",
+    ),
+    kv_scales: str = typer.Option(
+        None, "--kv-scales", help="JSON file of KV scales (see LLM.calibrate_kv_scales)."
+    ),
+    kv_scales_per_head: bool = typer.Option(
+        False, "--kv-scales-per-head", help="Calibrate one FP8 scale per KV head, not per layer."
+    ),
     api_key: str = typer.Option(
         None, envvar="RESIDENT_API_KEY", help="Require `Authorization: Bearer KEY`."
     ),
@@ -121,6 +165,9 @@ def serve(
     kv_memory: float = typer.Option(None, help="KV cache budget in GiB."),
     deterministic: bool = typer.Option(False, help="Batch- and cache-invariant outputs (slower)."),
     max_model_len: int = typer.Option(None, help="Longest prompt plus output per request."),
+    attention_backend: str = typer.Option(
+        "auto", help="auto (triton on CUDA, else torch), torch or triton"
+    ),
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API."""
     from engine.errors import EngineError
@@ -135,12 +182,15 @@ def serve(
         dtype=dtype,
         kv_cache_dtype=kv_cache_dtype,
         kv_rotation=kv_rotation,
+        kv_scales_file=kv_scales,
+        kv_scales_per_head=kv_scales_per_head,
         api_key=api_key,
         max_num_seqs=max_num_seqs,
         max_waiting=max_waiting,
         kv_memory_gib=kv_memory,
         deterministic=deterministic,
         max_model_len=max_model_len,
+        attention_backend=attention_backend,
     )
     try:
         check_options(options)
@@ -289,6 +339,51 @@ def bench_throughput(
     from engine.benchmarks.throughput import format_table, run_throughput
 
     result = run_throughput(model, max_tokens, batch, with_transformers=not skip_transformers)
+    typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+
+
+@bench_app.command("accuracy")
+def bench_accuracy(
+    model: str = typer.Option(
+        "smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP + " tiny:FAMILY: random."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    variants: str = typer.Option(
+        "fp8_per_tensor,fp8_per_head,fp8_hadamard,bf16_hadamard",
+        help="Compared with BF16 KV: fp8_per_tensor, fp8_per_head, fp8_hadamard, "
+        "fp8_hadamard_per_head, bf16_hadamard.",
+    ),
+    contexts: str = typer.Option("2048,8192", help="Window lengths (capped at the model's)."),
+    windows: str = typer.Option("6,1", help="Python-source windows per context."),
+    prose_windows: str = typer.Option("2,1", help="Prose windows per context."),
+    decode_tokens: int = typer.Option(32, min=0, help="Last tokens of a window run as decode."),
+    calibration: str = typer.Option(
+        "held-out", help="held-out (text after the scored) or first-prefill."
+    ),
+    calibration_tokens: int = typer.Option(1024, min=0, help="Held-out tokens per text."),
+) -> None:
+    """Perplexity and top-1 agreement of FP8 KV variants against BF16 KV."""
+    from engine.benchmarks.accuracy import format_table, run_accuracy
+
+    def numbers(value: str, flag: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(part) for part in value.split(","))
+        except ValueError:
+            _fail(f"{flag} takes comma-separated integers", code=2)
+
+    try:
+        result = run_accuracy(
+            model,
+            variants=tuple(v.strip() for v in variants.split(",") if v.strip()),
+            contexts=numbers(contexts, "--contexts"),
+            python_windows=numbers(windows, "--windows"),
+            prose_windows=numbers(prose_windows, "--prose-windows"),
+            decode_tokens=decode_tokens,
+            calibration=calibration,
+            calibration_tokens=calibration_tokens,
+        )
+    except ValueError as err:
+        _fail(str(err), code=2)
     typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))
 
 

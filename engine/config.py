@@ -8,6 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 DTypeName = Literal["auto", "bfloat16", "float32"]
 KVDTypeName = Literal["auto", "bf16", "fp8_e4m3"]
+# auto: hadamard for an fp8_e4m3 cache unless fixed scales were measured without
+# rotation, else none (engine/kv/scales.py).
+KVRotationName = Literal["auto", "none", "hadamard"]
 # Default KV budget on CPU when none is given; GPUs size from free memory.
 DEFAULT_CPU_KV_GIB = 1.0
 
@@ -18,13 +21,19 @@ class EngineConfig(BaseModel):
     model: str
     dtype: DTypeName = "auto"
     kv_cache_dtype: KVDTypeName = "fp8_e4m3"
-    attention_backend: str = "torch"
+    # torch (reference, CPU), triton (GPU kernels), auto: triton on CUDA, else torch.
+    # Checked by engine.attention.torch_backend.get_backend, which says what exists.
+    attention_backend: str = "auto"
     kv_memory_gib: float | None = Field(default=None, gt=0)
     page_size: int = Field(default=16, ge=1, le=1024)
     max_num_seqs: int = Field(default=64, ge=1)
     max_num_batched_tokens: int = Field(default=2048, ge=16)
     max_model_len: int | None = Field(default=None, ge=2)
     kv_scales_file: str | None = None
+    # Hadamard rotation of K and V before the cache (DESIGN.md §3).
+    kv_rotation: KVRotationName = "auto"
+    # One FP8 scale per KV head instead of one per layer (GQA; calibration).
+    kv_scales_per_head: bool = False
     enable_prefix_caching: bool = True
     verify_prefix_cache: bool = False  # hash shared pages and check them on reuse
     max_waiting: int | None = Field(default=None, ge=1)  # beyond it: overloaded

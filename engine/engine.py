@@ -21,10 +21,16 @@ from engine.kv import make_pool
 from engine.kv.pages import PageAllocator
 from engine.kv.pool import PagedKVPool
 from engine.kv.radix import RadixCache
-from engine.kv.sizing import kv_bytes_per_token
+from engine.kv.scales import (
+    apply_fixed_scales,
+    read_scales_file,
+    resolve_rotation,
+    scales_in_force,
+)
+from engine.kv.sizing import capacity_tokens, kv_bytes_per_token
 from engine.layers.batch_invariant import make_linear_layers_batch_invariant
-from engine.layers.cpu_linear import add_float32_weight_copies
-from engine.loader import load_model
+from engine.layers.cpu_int4 import pack_grid_weights
+from engine.loader import cast_parameters, load_model
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.runner import ModelRunner
 from engine.sampler import Sampler
@@ -78,8 +84,14 @@ class LLMEngine:
 
         model_cfg = load_config(self.model_dir)
         self.dtype = resolve_dtype(config.dtype, model_cfg.torch_dtype_name, self.device)
+        # CPU, BF16: load in float32 first, so that weights lying on a 4- or 8-bit
+        # grid (a quantized checkpoint's, like the default model's) can be packed
+        # exactly before the cast (engine/layers/cpu_int4.py).
+        self.packs_cpu_weights = (
+            self.device.type == "cpu" and self.dtype == torch.bfloat16 and not config.deterministic
+        )
         self.model, self.model_config, ckpt_scales = load_model(
-            self.model_dir, self.dtype, self.device
+            self.model_dir, torch.float32 if self.packs_cpu_weights else self.dtype, self.device
         )
         self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
@@ -89,6 +101,9 @@ class LLMEngine:
                 f"max_position_embeddings {self.model_config.max_position_embeddings}"
             )
         self.layout = self.model.kv_layout()
+        self._setup_kv_rotation(ckpt_scales)
+        if self.packs_cpu_weights:
+            self._pack_and_cast()
         self.pool = self._build_pool(ckpt_scales)
         self.allocator = PageAllocator(self.pool.num_pages)
         self.prefix_cache = (
@@ -109,9 +124,6 @@ class LLMEngine:
             prefix_cache=self.prefix_cache,
             max_waiting=config.max_waiting,
         )
-        if self.device.type == "cpu" and self.dtype == torch.bfloat16:
-            added = add_float32_weight_copies(self.model)
-            log.info("float32 weight copies for multi-row CPU products: %.2f GiB", added / GIB)
         if config.deterministic:
             self._enable_deterministic()
         self.runner = ModelRunner(
@@ -136,12 +148,41 @@ class LLMEngine:
         # Enough for the default CPU budget, and always for one full-length sequence.
         return max(int(DEFAULT_CPU_KV_GIB * GIB), 2 * self.max_model_len * per_token)
 
+    def _pack_and_cast(self) -> None:
+        """Pack grid weights into 4 bits (exact), then cast the model to BF16."""
+        report = pack_grid_weights(self.model)
+        cast_parameters(self.model, self.dtype)
+        log.info(
+            "CPU packed weights: %d on a 4-bit grid, %d on an 8-bit grid, %d dense, %.3f GiB",
+            report["4-bit"],
+            report["8-bit"],
+            report["dense"],
+            report["packed_bytes"] / GIB,
+        )
+
+    def _setup_kv_rotation(self, ckpt_scales) -> None:
+        """Decide the K/V rotation (DESIGN.md §3) and set it up; for MLA that folds the
+        latent rotation into the weights, so it runs before anything packs or copies them."""
+        config = self.config
+        self.kv_scales_file = (
+            read_scales_file(config.kv_scales_file, self.layout.kind)
+            if config.kv_scales_file
+            else None
+        )
+        self.kv_rotation = resolve_rotation(
+            config.kv_rotation, self.kv_dtype, self.kv_scales_file, ckpt_scales is not None
+        )
+        self.kv_rotation_detail = ""
+        if self.kv_rotation == "hadamard":
+            self.kv_rotation_detail = self.model.enable_kv_rotation(config.deterministic)
+            log.info("KV rotation: hadamard (%s)", self.kv_rotation_detail)
+
     def _build_pool(self, ckpt_scales) -> PagedKVPool:
         page = self.config.page_size
         per_token = kv_bytes_per_token(self.layout, self.kv_dtype)
         budget = self._kv_budget_bytes(per_token)
-        num_pages = budget // (per_token * page)
-        capacity = num_pages * page
+        capacity = capacity_tokens(budget, self.layout, self.kv_dtype, page)
+        num_pages = capacity // page
         if capacity < self.max_model_len:
             raise KVCapacityError(
                 f"the KV budget of {budget / GIB:.3f} GiB holds {capacity} tokens "
@@ -149,12 +190,9 @@ class LLMEngine:
                 f"max_model_len={self.max_model_len}; raise --kv-memory to at least "
                 f"{self.max_model_len * per_token / GIB:.3f} GiB or lower --max-model-len"
             )
-        pool = make_pool(self.layout, num_pages, page, self.kv_dtype, self.device)
-        if self.config.kv_scales_file:
-            data = json.loads(Path(self.config.kv_scales_file).read_text())
-            pool.set_scales(torch.tensor(data["k"]), torch.tensor(data["v"]), "file")
-        elif ckpt_scales is not None:
-            pool.set_scales(*ckpt_scales, source="checkpoint")
+        per_head = self.config.kv_scales_per_head
+        pool = make_pool(self.layout, num_pages, page, self.kv_dtype, self.device, per_head)
+        apply_fixed_scales(pool, self.kv_rotation, self.kv_scales_file, ckpt_scales, per_head)
         log.info(
             "KV cache: %s, %d pages of %d tokens = %d tokens, %.3f GiB, scales from %s",
             self.kv_dtype,
@@ -398,7 +436,8 @@ class LLMEngine:
             "cache_hit_rate": self.prefix_cache.hit_rate if self.prefix_cache else 0.0,
             "max_context_tokens": self.max_model_len,
             "kv_bytes_per_token": kv_bytes_per_token(self.layout, self.kv_dtype),
-            "kv_scales": {"source": self.pool.scale_source, **self.pool.scales()},
+            "kv_rotation": self.kv_rotation,
+            "kv_scales": scales_in_force(self.pool, self.kv_rotation),
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
         }

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
+from pathlib import Path
 
 import torch
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.errors import KVCapacityError
+from engine.errors import EngineError, KVCapacityError
+from engine.kv.quant import CALIBRATION_MARGIN
+from engine.kv.scales import scales_document, write_scales_file
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -74,10 +78,15 @@ class LLM:
             raise
         return self._run([s.request_id for s in seqs])
 
-    def _run(self, request_ids: list[str]) -> list[RequestOutput]:
+    def _run(
+        self, request_ids: list[str], after_step: Callable[[], None] | None = None
+    ) -> list[RequestOutput]:
         final: dict[str, RequestOutput] = {}
         while len(final) < len(request_ids):
-            for output in self.engine.step():
+            outputs = self.engine.step()
+            if after_step is not None:
+                after_step()
+            for output in outputs:
                 if output.error:
                     for request_id in request_ids:
                         self.engine.abort(request_id)
@@ -102,18 +111,103 @@ class LLM:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return self.generate([ids], sampling_params)[0]
 
-    def prompt_logits(self, token_ids: list[int], chunk_size: int | None = None) -> torch.Tensor:
+    def prompt_logits(
+        self,
+        token_ids: list[int],
+        chunk_size: int | None = None,
+        reduce: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+        decode_last: int = 0,
+    ) -> torch.Tensor:
         """Logits at every prompt position [len, vocab], computed through the paged cache.
 
         `chunk_size` splits the prefill into steps of that many tokens (1 = token
         by token, like decoding), to show the result does not depend on it.
+        `reduce(logits, start)`, given the logits of one step's chunk and the
+        prompt position of its first row, replaces them with what it returns
+        (e.g. per-position scores), so long prompts need not keep [n, vocab].
+        `decode_last` runs the last that many prompt tokens as decode steps,
+        one token per step over the cached rest, after the rest is prefilled
+        (in chunks of `chunk_size` or the engine's batch budget).
         """
+        token_ids = list(token_ids)
+        split = len(token_ids) - decode_last
+        if decode_last and not 0 < split < len(token_ids):
+            raise ValueError("decode_last must leave at least one token to prefill")
+
+        def cap(computed: int) -> int | None:
+            if not decode_last:
+                return chunk_size
+            remaining = split - computed
+            step = remaining if remaining > 0 else 1  # no prefill chunk crosses the split
+            return step if chunk_size is None else min(chunk_size, step)
+
         params = SamplingParams(max_tokens=1, temperature=0)
-        seq = self.engine.add_request(
-            list(token_ids), params, max_chunk=chunk_size, collect_logits=True
-        )
-        self._run([seq.request_id])
-        return torch.cat(seq.collected_logits)
+        seq = self.engine.add_request(token_ids, params, max_chunk=cap(0), collect_logits=True)
+        reduced: list[torch.Tensor] = []
+        position = [None]
+
+        def after_step() -> None:
+            seq.max_chunk = cap(seq.num_computed_tokens)
+            if reduce is None:
+                return
+            if position[0] is None:
+                position[0] = seq.num_cached_tokens
+            for logits in seq.collected_logits:
+                reduced.append(reduce(logits, position[0]))
+                position[0] += logits.shape[0]
+            seq.collected_logits.clear()
+
+        self._run([seq.request_id], after_step)
+        return torch.cat(reduced if reduce is not None else seq.collected_logits)
+
+    def calibrate_kv_scales(
+        self,
+        prompts: SequenceABC[str | list[int]],
+        path: str | Path | None = None,
+        margin: float | None = None,
+    ) -> dict:
+        """Calibrate the FP8 KV scales over a prompt set, freeze them, and return them.
+
+        Every prompt is prefilled (the prefix cache is emptied first, so none is
+        skipped) while the pool records the |max| of each layer's K and V (per
+        KV head with `kv_scales_per_head`); the scales become amax / 448 with
+        the calibration margin (engine.kv.quant.CALIBRATION_MARGIN unless
+        given). Cached pages written with the old scales are dropped. With
+        `path`, the scales are also written as the JSON file `kv_scales_file`
+        (`resident serve --kv-scales`) reads.
+        """
+        engine = self.engine
+        pool = engine.pool
+        if not pool.is_fp8:
+            raise EngineError("KV scales are calibrated for kv_cache_dtype fp8_e4m3 only")
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if not prompts:
+            raise EngineError("give at least one prompt to calibrate on")
+        if engine.prefix_cache is not None:
+            engine.prefix_cache.clear()
+        pool.observe(True)
+        try:
+            for prompt in prompts:  # one at a time: a long set need not fit the cache at once
+                self.generate([prompt], SamplingParams(max_tokens=1, temperature=0))
+            scales = pool.observed_scales(margin)
+        finally:
+            pool.observe(False)
+        pool.set_scales(*scales, source="calibrated")
+        if engine.prefix_cache is not None:
+            engine.prefix_cache.clear()
+        used_margin = CALIBRATION_MARGIN if margin is None else margin
+        document = scales_document(pool, engine.kv_rotation, self.config.model, used_margin)
+        document["prompts"] = len(prompts)
+        if path is not None:
+            write_scales_file(path, document)
+        return document
+
+    def save_kv_scales(self, path: str | Path) -> dict:
+        """Write the scales in force as a scales file (`--kv-scales`); returns the document."""
+        engine = self.engine
+        document = scales_document(engine.pool, engine.kv_rotation, self.config.model)
+        write_scales_file(path, document)
+        return document
 
     def stats(self) -> dict:
         pool = self.engine.pool
@@ -122,5 +216,6 @@ class LLM:
             "capacity_tokens": pool.capacity_tokens,
             "kv_bytes": pool.nbytes,
             "scale_source": pool.scale_source,
+            "kv_rotation": self.engine.kv_rotation,
             "max_context_tokens": self.engine.max_model_len,
         }

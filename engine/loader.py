@@ -68,12 +68,32 @@ def iter_tensors(
 
 
 def kv_scales_from_checkpoint(tensors: dict[str, torch.Tensor], num_layers: int):
-    """Per-layer K/V scales (`...layers.N.self_attn.k_scale`) when the checkpoint has them."""
+    """K/V scales (`...layers.N.self_attn.k_scale`) when the checkpoint has them.
+
+    [layers] when each is one value; [layers, kv_heads] when each holds one
+    value per head (the engine reduces those to their max unless it keeps
+    per-head scales).
+    """
     k = [tensors.get(f"model.layers.{i}.self_attn.k_scale") for i in range(num_layers)]
     v = [tensors.get(f"model.layers.{i}.self_attn.v_scale") for i in range(num_layers)]
-    if all(t is not None for t in k + v):
-        return torch.stack([t.float().max() for t in k]), torch.stack([t.float().max() for t in v])
-    return None
+    if not all(t is not None for t in k + v):
+        return None
+    sizes = {t.numel() for t in k + v}
+    if len(sizes) == 1 and sizes != {1}:
+        return torch.stack([t.float().flatten() for t in k]), torch.stack(
+            [t.float().flatten() for t in v]
+        )
+    return torch.stack([t.float().max() for t in k]), torch.stack([t.float().max() for t in v])
+
+
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Parameters take `dtype`; buffers (rotary tables) stay float32, as
+    transformers keeps them, and so do parameters the model asks to keep
+    (MoE routers, whose expert ranking rounding would change)."""
+    keep_fp32 = tuple(getattr(model, "fp32_parameter_suffixes", ()))
+    for name, param in model.named_parameters():
+        if not (keep_fp32 and name.endswith(keep_fp32)):
+            param.data = param.data.to(dtype)
 
 
 def load_model(
@@ -85,13 +105,7 @@ def load_model(
     cls = model_class(cfg.architecture)
     files = checkpoint_files(model_dir)
     model = cls(cfg)
-    # Parameters take the serving dtype; buffers (rotary tables) stay float32,
-    # as transformers keeps them, and so do parameters the model asks to keep
-    # (MoE routers, whose expert ranking rounding would change).
-    keep_fp32 = tuple(getattr(model, "fp32_parameter_suffixes", ()))
-    for name, param in model.named_parameters():
-        if not (keep_fp32 and name.endswith(keep_fp32)):
-            param.data = param.data.to(dtype)
+    cast_parameters(model, dtype)
     scale_tensors: dict[str, torch.Tensor] = {}
     names = CheckpointNames(cfg)
     # Quantized checkpoints (FP8 block, INT4) become plain weights in the serving dtype.

@@ -82,8 +82,12 @@ class DeterministicAttentionBackend:
             keys = keys.repeat_interleave(group, dim=1)
             values = values.repeat_interleave(group, dim=1)
             positions = torch.arange(length - n, length)
-            result = _sequence_attention(
-                q[rows].float(), positions, keys, values, softmax_scale * k_factor
-            )
+            queries = q[rows].float()
+            if isinstance(k_factor, torch.Tensor):  # per-KV-head scales: onto the queries
+                queries = queries * k_factor.repeat_interleave(group).view(-1, 1)
+                k_factor = 1.0
+            if isinstance(v_factor, torch.Tensor):
+                v_factor = v_factor.repeat_interleave(group).view(-1, 1)
+            result = _sequence_attention(queries, positions, keys, values, softmax_scale * k_factor)
             out[rows] = (result * v_factor).to(q.dtype)
         return out

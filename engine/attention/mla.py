@@ -71,18 +71,27 @@ def mla_attention(
     dims: MLADims,
     softmax_scale: float,
     path: str = "auto",
+    backend=None,
 ) -> torch.Tensor:
     """Write this step's latents, attend over each sequence's context; returns [T, H, v_dim].
 
     q_nope [T, H, nope], q_rope [T, H, rope] (rotated), latent [T, lora_rank]
     (normalised), k_rope [T, rope] (rotated), kv_b_weight [H*(nope+v), lora_rank].
+    An attention backend with an `mla_decode` method (the Triton one) takes
+    absorbed decode steps; it returns None for steps it leaves to torch.
     """
     if path not in PATHS:
         raise ValueError(f"MLA path {path!r}: use one of {PATHS}")
-    pool.write(layer, latent, k_rope, meta.slot_mapping)
-    rows, latent_factor, rope_factor = pool.gather(layer, meta.context_slots, q_nope.dtype)
     if path == "auto":
         path = choose_path(meta, dims)
+    kernel = getattr(backend, "mla_decode", None)
+    if kernel is not None and path == "absorbed" and meta.decode_only:
+        args = (q_nope, q_rope, latent, k_rope, kv_b_weight, pool, meta, dims, softmax_scale)
+        out = kernel(layer, *args)
+        if out is not None:
+            return out
+    pool.write(layer, latent, k_rope, meta.slot_mapping)
+    rows, latent_factor, rope_factor = pool.gather(layer, meta.context_slots, q_nope.dtype)
     attend = _absorbed if path == "absorbed" else _expanded
     out = attend(
         q_nope, q_rope, rows, latent_factor, rope_factor, kv_b_weight, meta, dims, softmax_scale

@@ -35,6 +35,11 @@ class TorchAttentionBackend:
             return self._decode(layer, q, pool, meta, softmax_scale)
         keys, values, k_factor, v_factor = pool.gather(layer, meta.context_slots, q.dtype)
         queries = q[meta.query_index]  # [B, Q, Hq, D]
+        if isinstance(k_factor, torch.Tensor):
+            # Per-KV-head scales: each query head takes its KV head's factor.
+            per_head = self.per_query_head(k_factor, q.shape[1])
+            queries = (queries.float() * per_head.view(-1, 1)).to(q.dtype)
+            k_factor = 1.0
         out = F.scaled_dot_product_attention(
             queries.transpose(1, 2),
             keys.transpose(1, 2),
@@ -44,10 +49,17 @@ class TorchAttentionBackend:
             scale=softmax_scale * k_factor,
             enable_gqa=True,
         )  # [B, Hq, Q, Dv]
-        if v_factor != 1.0:
+        if isinstance(v_factor, torch.Tensor):
+            out = out * self.per_query_head(v_factor, q.shape[1]).view(-1, 1, 1).to(out.dtype)
+        elif v_factor != 1.0:
             out = out * v_factor
         out = out.transpose(1, 2).flatten(0, 1)  # [B*Q, Hq, Dv]
         return out[meta.output_index]
+
+    @staticmethod
+    def per_query_head(factor: torch.Tensor, num_heads: int) -> torch.Tensor:
+        """A per-KV-head factor [kv_heads] repeated for the query heads of each group."""
+        return factor.repeat_interleave(num_heads // factor.numel())
 
     @staticmethod
     def _decode(layer, q, pool, meta: AttentionMetadata, softmax_scale: float) -> torch.Tensor:
@@ -60,24 +72,69 @@ class TorchAttentionBackend:
         keys, values, k_factor, v_factor = pool.gather(layer, meta.context_slots, torch.float32)
         kv_heads = keys.shape[2]
         queries = q.float().view(batch, kv_heads, -1, q.shape[-1])  # [B, Hkv, G, D]
+        if isinstance(k_factor, torch.Tensor):  # per-KV-head scales, onto the queries
+            queries = queries * k_factor.view(1, kv_heads, 1, 1)
+            k_factor = 1.0
         scores = torch.matmul(queries, keys.permute(0, 2, 3, 1))  # [B, Hkv, G, L]
         scores.mul_(softmax_scale * k_factor)
         if meta.key_padding is not None:
             scores.masked_fill_(meta.key_padding, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out = torch.matmul(probs, values.transpose(1, 2))  # [B, Hkv, G, Dv]
-        if v_factor != 1.0:
+        if isinstance(v_factor, torch.Tensor):
+            out.mul_(v_factor.view(1, kv_heads, 1, 1))
+        elif v_factor != 1.0:
             out.mul_(v_factor)
         return out.view(batch, -1, values.shape[-1]).to(q.dtype)
 
 
-def get_backend(name: str, deterministic: bool = False):
+BACKENDS = ("auto", "torch", "triton")
+
+
+def get_backend(name: str, deterministic: bool = False, device: torch.device | str | None = None):
+    """The attention backend called `name`: torch, triton, or auto (triton on CUDA, else torch).
+
+    `device` is where the model runs; without it "auto" asks whether CUDA is
+    available and falls back to torch for CPU tensors at run time. Deterministic
+    mode has its own reduction order (engine.attention.deterministic), which
+    "auto" and "torch" use; the Triton kernels do not provide it.
+    """
     from engine.errors import EngineError
 
-    if name != "torch":
-        raise EngineError(f"attention backend {name!r} is not available; available: torch")
+    if name not in BACKENDS:
+        raise EngineError(f"attention backend {name!r}: use one of {', '.join(BACKENDS)}")
+    if name == "triton" and deterministic:
+        raise EngineError(
+            "--deterministic needs the batch-invariant torch reductions; "
+            "use --attention-backend torch or auto with it"
+        )
     if deterministic:
         from engine.attention.deterministic import DeterministicAttentionBackend
 
         return DeterministicAttentionBackend()
-    return TorchAttentionBackend()
+    if name == "torch":
+        return TorchAttentionBackend()
+    from engine.attention.triton import interpreting, triton_available
+
+    on_cuda = torch.device(device).type == "cuda" if device is not None else None
+    if name == "auto":
+        if not (on_cuda if on_cuda is not None else torch.cuda.is_available()):
+            return TorchAttentionBackend()
+        if not triton_available():
+            return TorchAttentionBackend()
+        from engine.attention.triton.backend import TritonAttentionBackend
+
+        return TritonAttentionBackend(fallback=TorchAttentionBackend())
+    if not triton_available():
+        raise EngineError(
+            "attention backend 'triton' needs the triton package (pip install triton); "
+            "use --attention-backend torch"
+        )
+    if not interpreting() and not (on_cuda if on_cuda is not None else torch.cuda.is_available()):
+        raise EngineError(
+            "attention backend 'triton' runs on a CUDA GPU (or under TRITON_INTERPRET=1 for "
+            "tests); this engine runs on CPU: use --attention-backend torch or auto"
+        )
+    from engine.attention.triton.backend import TritonAttentionBackend
+
+    return TritonAttentionBackend()

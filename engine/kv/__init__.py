@@ -8,13 +8,24 @@ from engine.kv.sizing import KVLayout
 
 
 def make_pool(
-    layout: KVLayout, num_pages: int, page_size: int, kv_dtype: str, device: torch.device
+    layout: KVLayout,
+    num_pages: int,
+    page_size: int,
+    kv_dtype: str,
+    device: torch.device,
+    per_head_scales: bool = False,
 ):
-    """The pool that stores this layout: per-head K/V pages for GQA, latent rows for MLA."""
+    """The pool that stores this layout: per-head K/V pages for GQA, latent rows for MLA.
+
+    `per_head_scales` (GQA only: the MLA latent is shared by all heads)
+    calibrates one scale per KV head instead of one per layer.
+    """
     if layout.kind == "gqa":
         from engine.kv.pool import PagedKVPool
 
-        return PagedKVPool(layout, num_pages, page_size, kv_dtype, device)
+        return PagedKVPool(
+            layout, num_pages, page_size, kv_dtype, device, per_head_scales=per_head_scales
+        )
     if layout.kind == "mla":
         from engine.kv.mla_pool import MLALatentPool
 

@@ -11,7 +11,9 @@ as in the GQA pool, so the page allocator and prefix cache treat both alike.
 In fp8 mode rows are stored as e4m3 bytes, quantized on write with the
 saturating clamp (DESIGN.md §3); scales come from `set_scales` (checkpoint or
 file), else from the first write of each layer (amax / 448 with headroom),
-then stay frozen. Gather returns the bytes decoded exactly but unscaled, plus
+then stay frozen (`observe` collects the maxima of everything written, for
+calibrating over a prompt set). There is no per-head form: the latent is
+shared by all heads. Gather returns the bytes decoded exactly but unscaled, plus
 the factors that finish the job, so attention can fold them into the query
 and the output instead of spending a pass over the context.
 """
@@ -23,7 +25,14 @@ from dataclasses import dataclass
 import torch
 
 from engine.kv.pool_base import PagedPoolBase
-from engine.kv.quant import HALF_TRICK_FACTOR, calibrate_scale, fp8_bits_to_half, quantize_fp8
+from engine.kv.quant import (
+    HALF_TRICK_FACTOR,
+    calibrate_scale,
+    fp8_bits_to_half,
+    observed_amax,
+    quantize_fp8,
+    scale_from_amax,
+)
 from engine.kv.sizing import KVLayout
 
 
@@ -63,6 +72,28 @@ class MLALatentPool(PagedPoolBase):
         self.rope_scale = torch.ones(layout.num_layers, dtype=torch.float32)
         self.scale_source = scale_source if self.is_fp8 else "none"
         self._calibrated = [scale_source != "calibrate"] * layout.num_layers
+        self._observed: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    granularity = "per_layer"
+
+    @property
+    def calibrated_layers(self) -> int:
+        return sum(self._calibrated)
+
+    def observe(self, enabled: bool = True) -> None:
+        """Start (or stop) recording the |max| of the latents and rope keys written, per layer."""
+        self._observed = (
+            (torch.zeros_like(self.latent_scale), torch.zeros_like(self.rope_scale))
+            if enabled
+            else None
+        )
+
+    def observed_scales(self, margin: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Latent and rope scales from what `observe` recorded (amax / 448 with the margin)."""
+        if self._observed is None:
+            raise RuntimeError("observe() was not started")
+        kwargs = {} if margin is None else {"margin": margin}
+        return tuple(scale_from_amax(amax, **kwargs) for amax in self._observed)
 
     def set_scales(self, latent_scale: torch.Tensor, rope_scale: torch.Tensor, source: str) -> None:
         """Use fixed per-layer scales for the latent and for the rope key."""
@@ -84,6 +115,9 @@ class MLALatentPool(PagedPoolBase):
                 self.latent_scale[layer] = calibrate_scale(latent)
                 self.rope_scale[layer] = calibrate_scale(rope)
                 self._calibrated[layer] = True
+            if self._observed is not None:
+                for seen, x in zip(self._observed, (latent, rope), strict=True):
+                    seen[layer] = torch.maximum(seen[layer], observed_amax(x))
             latent = quantize_fp8(latent, self.latent_scale[layer].item()).view(torch.uint8)
             rope = quantize_fp8(rope, self.rope_scale[layer].item()).view(torch.uint8)
         row = torch.cat([latent.to(self.storage.dtype), rope.to(self.storage.dtype)], dim=-1)

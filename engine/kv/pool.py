@@ -3,8 +3,11 @@
 Layout: per layer a [num_slots, 2, kv_heads, head_dim] tensor (K and V side by
 side, so one index_copy writes and one index_select reads both) where
 slot = page * page_size + offset. In fp8 mode the bytes are float8_e4m3fn with
-a float32 scale per layer for K and for V (DESIGN.md §3): from the checkpoint
-when it has them, else calibrated on the first write and then frozen, else 1.0.
+float32 scales for K and for V (DESIGN.md §3), per layer or, with
+`per_head_scales`, per layer and KV head: from the checkpoint or a scales file
+when given (`set_scales`), else calibrated on the first write of each layer
+(amax / 448 with headroom) and then frozen, else 1.0. `observe` collects the
+maxima of everything written, for calibrating over a prompt set.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from engine.kv.quant import (
     HALF_TRICK_FACTOR,
     calibrate_scale,
     fp8_bits_to_half,
+    observed_amax,
     quantize_fp8,
+    scale_from_amax,
 )
 from engine.kv.sizing import KVLayout
 
@@ -36,40 +41,59 @@ class PagedKVPool(PagedPoolBase):
         kv_dtype: str,
         device: torch.device | str = "cpu",
         scale_source: str = "calibrate",
+        per_head_scales: bool = False,
     ):
         super().__init__(layout, num_pages, page_size, kv_dtype, device)
         num_slots = num_pages * page_size
         shape = (layout.num_layers, num_slots, 2, layout.num_kv_heads, layout.head_dim)
         self.storage = torch.empty(shape, dtype=self.storage_dtype, device=self.device)
-        self.k_scale = torch.ones(layout.num_layers, dtype=torch.float32)
-        self.v_scale = torch.ones(layout.num_layers, dtype=torch.float32)
+        self.per_head = bool(per_head_scales)
+        scale_shape = (
+            (layout.num_layers, layout.num_kv_heads) if self.per_head else layout.num_layers
+        )
+        self.k_scale = torch.ones(scale_shape, dtype=torch.float32)
+        self.v_scale = torch.ones(scale_shape, dtype=torch.float32)
         self.scale_source = scale_source if self.is_fp8 else "none"
         self._calibrated = [scale_source != "calibrate"] * layout.num_layers
-        self._scale_cache: dict[int, torch.Tensor] = {}
+        self._observed: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._forget_cached_scales()
 
+    # ----- scales -------------------------------------------------------------
     def set_scales(self, k_scale: torch.Tensor, v_scale: torch.Tensor, source: str) -> None:
-        """Use fixed per-layer scales (from a checkpoint or a scales file)."""
-        self.k_scale, self.v_scale = self.checked_scales(k_scale, v_scale, "K and V")
+        """Use fixed scales (checkpoint, scales file, calibration): [layers] or [layers, kv_heads]."""
+        self.k_scale, self.v_scale = self.checked_scales(
+            k_scale, v_scale, "K and V", heads=self.layout.num_kv_heads
+        )
+        self.per_head = self.k_scale.dim() == 2
         self.scale_source = source
         self._calibrated = [True] * self.layout.num_layers
-        self._scale_cache = {}
+        self._forget_cached_scales()
 
-    def scales(self) -> dict[str, list[float]]:
+    @property
+    def granularity(self) -> str:
+        return "per_head" if self.per_head else "per_layer"
+
+    @property
+    def calibrated_layers(self) -> int:
+        return sum(self._calibrated)
+
+    def scales(self) -> dict[str, list]:
+        """Per layer a float, or a list of one float per KV head."""
         return {"k": self.k_scale.tolist(), "v": self.v_scale.tolist()}
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        """Store new tokens' K and V ([T, kv_heads, head_dim]) at their slots."""
-        kv = torch.stack((k, v), dim=1)  # [T, 2, kv_heads, head_dim]
-        if self.is_fp8:
-            if not self._calibrated[layer]:
-                self.k_scale[layer] = calibrate_scale(k)
-                self.v_scale[layer] = calibrate_scale(v)
-                self._calibrated[layer] = True
-                self._scale_cache.pop(layer, None)
-            kv = quantize_fp8(kv, self._scales(layer)).view(torch.uint8)
+    def observe(self, enabled: bool = True) -> None:
+        """Start (or stop) recording the |max| of the K and V written, at the pool's granularity."""
+        if enabled:
+            self._observed = (torch.zeros_like(self.k_scale), torch.zeros_like(self.v_scale))
         else:
-            kv = kv.to(self.storage.dtype)
-        self.storage[layer].index_copy_(0, slots, kv)
+            self._observed = None
+
+    def observed_scales(self, margin: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scales from what `observe` recorded (amax / 448 with the calibration margin)."""
+        if self._observed is None:
+            raise RuntimeError("observe() was not started")
+        kwargs = {} if margin is None else {"margin": margin}
+        return tuple(scale_from_amax(amax, **kwargs) for amax in self._observed)
 
     def layer_scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V scales of a layer as float32 [kv_heads] tensors on the pool's device.
@@ -89,28 +113,85 @@ class PagedKVPool(PagedPoolBase):
         )
         return k.contiguous().to(self.device), v.contiguous().to(self.device)
 
+    def _forget_cached_scales(self) -> None:
+        self._scale_cache: dict[int, torch.Tensor] = {}
+        self._factor_cache: dict[int, tuple] = {}
+
+    def _calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self.per_head:
+            self.k_scale[layer] = scale_from_amax(observed_amax(k, per_head=True))
+            self.v_scale[layer] = scale_from_amax(observed_amax(v, per_head=True))
+        else:
+            self.k_scale[layer] = calibrate_scale(k)
+            self.v_scale[layer] = calibrate_scale(v)
+        self._calibrated[layer] = True
+        self._scale_cache.pop(layer, None)
+        self._factor_cache.pop(layer, None)
+        if all(self._calibrated):
+            log.info(
+                "KV scales calibrated from the first prefill (%s): K %.4g..%.4g, V %.4g..%.4g",
+                self.granularity,
+                self.k_scale.min(),
+                self.k_scale.max(),
+                self.v_scale.min(),
+                self.v_scale.max(),
+            )
+
     def _scales(self, layer: int) -> torch.Tensor:
-        """[2, 1, 1] K and V scales of a layer, broadcastable over [T, 2, heads, dim]."""
+        """[2, heads or 1, 1] K and V scales of a layer, broadcastable over [T, 2, heads, dim]."""
         cached = self._scale_cache.get(layer)
         if cached is None:
-            values = torch.stack((self.k_scale[layer], self.v_scale[layer])).view(2, 1, 1)
+            values = torch.stack((self.k_scale[layer], self.v_scale[layer])).view(2, -1, 1)
             cached = self._scale_cache[layer] = values.to(self.device)
+        return cached
+
+    # ----- write and read -----------------------------------------------------
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """Store new tokens' K and V ([T, kv_heads, head_dim]) at their slots."""
+        kv = torch.stack((k, v), dim=1)  # [T, 2, kv_heads, head_dim]
+        if self.is_fp8:
+            if not self._calibrated[layer]:
+                self._calibrate(layer, k, v)
+            if self._observed is not None:
+                for seen, x in zip(self._observed, (k, v), strict=True):
+                    seen[layer] = torch.maximum(seen[layer], observed_amax(x, self.per_head))
+            kv = quantize_fp8(kv, self._scales(layer)).view(torch.uint8)
+        else:
+            kv = kv.to(self.storage.dtype)
+        self.storage[layer].index_copy_(0, slots, kv)
+
+    def _factors(self, layer: int) -> tuple:
+        """Dequant factors of a layer: floats per layer, float32 [kv_heads] tensors per head."""
+        cached = self._factor_cache.get(layer)
+        if cached is None:
+            if self.per_head:
+                cached = tuple(
+                    (s[layer] * HALF_TRICK_FACTOR).to(self.device)
+                    for s in (self.k_scale, self.v_scale)
+                )
+            else:
+                cached = (
+                    float(self.k_scale[layer]) * HALF_TRICK_FACTOR,
+                    float(self.v_scale[layer]) * HALF_TRICK_FACTOR,
+                )
+            self._factor_cache[layer] = cached
         return cached
 
     def gather(
         self, layer: int, slots: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    ) -> tuple[torch.Tensor, torch.Tensor, float | torch.Tensor, float | torch.Tensor]:
         """K and V at `slots` (any shape) in `dtype`, plus the factors that dequantize them.
 
-        The true values are `k * k_factor` and `v * v_factor`; attention folds
-        the factors into its softmax scale and its output instead of spending a
-        pass over K and V.
+        The true values are `k * k_factor` and `v * v_factor`, the factors being
+        floats (per-layer scales) or float32 [kv_heads] tensors (per-head
+        scales, applying to dim -2 of k and v). Attention folds them into its
+        query or softmax scale and its output instead of spending a pass over
+        K and V.
         """
         kv = self.storage[layer].index_select(0, slots.reshape(-1))
         if self.is_fp8:
             kv = fp8_bits_to_half(kv).to(dtype)
-            k_factor = float(self.k_scale[layer]) * HALF_TRICK_FACTOR
-            v_factor = float(self.v_scale[layer]) * HALF_TRICK_FACTOR
+            k_factor, v_factor = self._factors(layer)
         else:
             kv = kv.to(dtype)
             k_factor = v_factor = 1.0

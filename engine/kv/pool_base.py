@@ -58,14 +58,27 @@ class PagedPoolBase:
         return raw.cpu().numpy().tobytes()
 
     def checked_scales(
-        self, first: torch.Tensor, second: torch.Tensor, names: str
+        self, first: torch.Tensor, second: torch.Tensor, names: str, heads: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Two per-layer float32 scale vectors, validated (count and sign)."""
+        """Two float32 scale tensors, validated (count, shape and sign).
+
+        Each is per layer, [layers], or, where `heads` is given, may be per
+        layer and head, [layers, heads]; both must have the same form.
+        """
         n = self.layout.num_layers
-        first = torch.as_tensor(first, dtype=torch.float32).flatten().clone()
-        second = torch.as_tensor(second, dtype=torch.float32).flatten().clone()
-        if first.numel() != n or second.numel() != n:
-            raise ValueError(f"expected {n} {names} scales, got {first.numel()}/{second.numel()}")
+        first = torch.as_tensor(first, dtype=torch.float32).clone()
+        second = torch.as_tensor(second, dtype=torch.float32).clone()
+        if heads is not None and first.dim() == 2 and first.shape == second.shape == (n, heads):
+            pass  # per layer and KV head
+        else:
+            first, second = first.flatten(), second.flatten()
+            if first.numel() != n or second.numel() != n:
+                form = f"{n} or {n}x{heads}" if heads is not None else f"{n}"
+                raise ValueError(
+                    f"expected {form} {names} scales, got {tuple(first.shape)}/{tuple(second.shape)}"
+                )
         if bool((first <= 0).any() or (second <= 0).any()):
             raise ValueError("KV scales must be positive")
+        if not bool(torch.isfinite(first).all() and torch.isfinite(second).all()):
+            raise ValueError("KV scales must be finite")
         return first, second

@@ -56,3 +56,18 @@ def calibrate_scale(x: torch.Tensor, margin: float = CALIBRATION_MARGIN) -> floa
     """A per-tensor scale from observed values: amax / 448 with headroom."""
     amax = float(x.detach().abs().max()) if x.numel() else 0.0
     return max(amax * margin / FP8_MAX, MIN_SCALE)
+
+
+def observed_amax(x: torch.Tensor, per_head: bool = False) -> torch.Tensor:
+    """|x| max, float32: one value, or one per head of x [T, heads, dim] when `per_head`."""
+    x = x.detach()
+    if per_head:
+        if not x.numel():
+            return torch.zeros(x.shape[-2], dtype=torch.float32)
+        return x.abs().amax(dim=(0, 2)).float().cpu()
+    return torch.tensor(float(x.abs().max()) if x.numel() else 0.0)
+
+
+def scale_from_amax(amax: torch.Tensor, margin: float = CALIBRATION_MARGIN) -> torch.Tensor:
+    """The scales for observed maxima: amax / 448 with headroom, never below MIN_SCALE."""
+    return (amax.float() * margin / FP8_MAX).clamp_min(MIN_SCALE)

@@ -10,6 +10,7 @@ from torch import nn
 
 from engine.attention.metadata import AttentionMetadata
 from engine.errors import CheckpointError
+from engine.kv.rotation import HadamardRotation
 from engine.kv.sizing import KVLayout
 from engine.layers.linear import FusedLinear
 from engine.layers.norm import RMSNorm
@@ -24,6 +25,27 @@ class ForwardContext:
     backend: object
     # Values every layer would otherwise recompute (rotary rows for this step's positions).
     step_cache: dict = field(default_factory=dict)
+
+
+class RotatedKVAttention:
+    """Hadamard rotation of K and V (DESIGN.md §3) for GQA attention, at run time.
+
+    After the rotary embedding q, k and v are rotated together (qH, kH, vH;
+    one product over all heads), so the cache stores rotated keys and
+    values and every attention backend sees them unchanged: q·k is
+    unchanged, and the attention output comes out rotated (oH), which one
+    more product undoes before o_proj (H is symmetric and orthonormal, so
+    its own inverse). The weights are left as loaded, so quantized or packed
+    weights keep their form.
+    """
+
+    kv_rotation: HadamardRotation | None = None
+    head_dim: int
+
+    def enable_kv_rotation(self, batch_invariant: bool = False) -> str:
+        if self.kv_rotation is None:
+            self.kv_rotation = HadamardRotation(self.head_dim, batch_invariant)
+        return f"K and V heads: {self.kv_rotation.describe()}, at run time"
 
 
 class PreNormDecoderLayer(nn.Module):
@@ -77,6 +99,23 @@ class CausalLM(nn.Module):
             num_kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim,
         )
+
+    def enable_kv_rotation(self, batch_invariant: bool = False) -> str:
+        """Rotate K and V before the cache in every layer (DESIGN.md §3); says what is used.
+
+        `batch_invariant` (deterministic mode) rotates each row by the same
+        butterfly arithmetic however many rows run together."""
+        from engine.errors import UnsupportedModelError
+
+        described = set()
+        for layer in self.model.layers:
+            enable = getattr(layer.self_attn, "enable_kv_rotation", None)
+            if enable is None:
+                raise UnsupportedModelError(
+                    f"{type(self).__name__} does not implement --kv-rotation hadamard"
+                )
+            described.add(enable(batch_invariant))
+        return "; ".join(sorted(described))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

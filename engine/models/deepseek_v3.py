@@ -24,6 +24,7 @@ from torch import nn
 
 from engine.attention.mla import PATHS, MLADims, mla_attention
 from engine.kv.mla_pool import MLALayout
+from engine.kv.rotation import HadamardRotation, rotate_input_columns, rotate_output_rows
 from engine.layers.linear import FusedLinear
 from engine.layers.moe import ROUTER_FP32_SUFFIXES
 from engine.layers.moe_routing import RoutingConfig
@@ -92,6 +93,38 @@ class MLAAttention(nn.Module):
         multiplier = softmax_scale_multiplier(cfg.rope, cfg.max_position_embeddings)
         self.scale = qk_head_dim**-0.5 * multiplier
         self.path = "auto"  # "absorbed" / "expanded" force one attention path (tests, benchmarks)
+        self.rope_rotation: HadamardRotation | None = None
+
+    def enable_kv_rotation(self, batch_invariant: bool = False) -> str:
+        """Hadamard-rotate the cached latent (in the weights) and the rope key (at run time).
+
+        The cached latent is c = g * n(a) with a the kv_a output, n the RMS
+        normalisation and g the norm's gain. The gain does not commute with a
+        rotation, so it moves into kv_b_proj's input columns first (g -> 1).
+        Then kv_a's latent rows produce Ha, and since n(Ha) = H n(a) (a
+        rotation keeps the RMS) the cache holds H n(a); kv_b_proj's input
+        columns take Hᵀ, so both attention paths (expanded, and absorbed through
+        W_UK / W_UV, the halves of kv_b_proj) compute what they did. The rope
+        key is rotated after RoPE with q's rope part, like GQA keys.
+        """
+        dims = self.dims
+        if self.rope_rotation is None:
+            latent = HadamardRotation(dims.lora_rank)
+            gain = self.kv_a_layernorm.weight.detach().float().clone()
+            rotate_input_columns(self.kv_b_proj, 1, latent, column_scale=gain)
+            with torch.no_grad():
+                self.kv_a_layernorm.weight.fill_(1.0)
+            if self.q_lora_rank:
+                start, _ = self.fused_qkv_a_proj.shard_offsets["kv_a"]
+                rotate_output_rows(self.fused_qkv_a_proj, start, 1, latent)
+            else:
+                rotate_output_rows(self.kv_a_proj_with_mqa, 0, 1, latent)
+            self.latent_rotation = latent
+            self.rope_rotation = HadamardRotation(dims.rope_dim, batch_invariant)
+        return (
+            f"latent: {self.latent_rotation.describe()} (in the weights); "
+            f"rope key: {self.rope_rotation.describe()}"
+        )
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
@@ -112,6 +145,9 @@ class MLAAttention(nn.Module):
         k_rope = k_rope.unsqueeze(1)  # [T, 1, rope]: one rope key shared by all heads
         self.rotary(positions, q_rope, ctx.step_cache)  # in place, through the views
         self.rotary(positions, k_rope, ctx.step_cache)
+        if self.rope_rotation is not None:  # after RoPE: q_rope·k_rope is unchanged
+            q_rope = self.rope_rotation.rotate(q_rope)
+            k_rope = self.rope_rotation.rotate(k_rope)
         out = mla_attention(
             self.layer,
             q_nope,
@@ -124,6 +160,7 @@ class MLAAttention(nn.Module):
             dims,
             self.scale,
             self.path,
+            backend=ctx.backend,  # a backend with an MLA decode kernel takes decode steps
         )
         return self.o_proj(out.flatten(1))
 

@@ -23,14 +23,14 @@ from engine.layers.moe_routing import RoutingConfig
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, model_rotary
 from engine.model_config import ModelConfig
-from engine.models.base import CausalLM, ForwardContext, PreNormDecoderLayer
+from engine.models.base import CausalLM, ForwardContext, PreNormDecoderLayer, RotatedKVAttention
 from engine.models.moe_mlp import feed_forward, moe_packed_modules
 
 # transformers' Glm4MoeConfig default when a config does not say.
 DEFAULT_PARTIAL_ROTARY_FACTOR = 0.5
 
 
-class Glm4MoeAttention(nn.Module):
+class Glm4MoeAttention(RotatedKVAttention, nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding):
         super().__init__()
         self.layer = layer
@@ -66,7 +66,11 @@ class Glm4MoeAttention(nn.Module):
         else:
             # q and k heads are adjacent: rotate them in one call.
             self.rotary(positions, qkv[:, : self.num_heads + self.num_kv_heads], ctx.step_cache)
+        if self.kv_rotation is not None:  # after RoPE (see RotatedKVAttention)
+            q, k, v = (self.kv_rotation.rotate(t) for t in (q, k, v))
         out = ctx.backend.forward(self.layer, q, k, v, ctx.pool, ctx.meta, self.scale)
+        if self.kv_rotation is not None:  # the values were rotated: undo it (H H = I)
+            out = self.kv_rotation.rotate(out)
         return self.o_proj(out.flatten(1))
 
 

@@ -10,11 +10,11 @@ from engine.layers.linear import FusedLinear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, model_rotary
 from engine.model_config import ModelConfig
-from engine.models.base import CausalLM, ForwardContext, PreNormDecoderLayer
+from engine.models.base import CausalLM, ForwardContext, PreNormDecoderLayer, RotatedKVAttention
 
 
-class GQAAttention(nn.Module):
-    """Fused qkv projection, rotary, paged attention, output projection."""
+class GQAAttention(RotatedKVAttention, nn.Module):
+    """Fused qkv projection, rotary, (Hadamard rotation,) paged attention, output projection."""
 
     def __init__(
         self, cfg: ModelConfig, layer: int, qkv_bias: bool, o_bias: bool, rotary: RotaryEmbedding
@@ -41,8 +41,12 @@ class GQAAttention(nn.Module):
         qkv = qkv.view(-1, heads, self.head_dim)
         # q and k heads are adjacent: rotate them in one call.
         self.rotary(positions, qkv[:, : self.num_heads + self.num_kv_heads], ctx.step_cache)
+        if self.kv_rotation is not None:  # after RoPE: q, k and v in one product
+            qkv = self.kv_rotation.rotate(qkv)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         out = ctx.backend.forward(self.layer, q, k, v, ctx.pool, ctx.meta, self.scale)
+        if self.kv_rotation is not None:  # the values were rotated: undo it (H H = I)
+            out = self.kv_rotation.rotate(out)
         return self.o_proj(out.flatten(1))
 
 

@@ -17,7 +17,8 @@ log = logging.getLogger("resident.serve")
 API_KEY_ENV = "RESIDENT_API_KEY"
 DTYPES = ("auto", "bfloat16", "float32")
 KV_DTYPES = ("auto", "bf16", "fp8_e4m3")
-KV_ROTATIONS = ("none", "hadamard")
+KV_ROTATIONS = ("auto", "none", "hadamard")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
 
 
 class ServeUsageError(ValueError):
@@ -31,7 +32,9 @@ class ServeOptions:
     port: int = 8000
     dtype: str = "auto"
     kv_cache_dtype: str = "fp8_e4m3"
-    kv_rotation: str = "none"
+    kv_rotation: str = "auto"  # hadamard for fp8_e4m3 unless fixed scales are unrotated
+    kv_scales_file: str | None = None
+    kv_scales_per_head: bool = False
     api_key: str | None = None
     max_num_seqs: int | None = None
     max_waiting: int | None = 1024
@@ -39,6 +42,7 @@ class ServeOptions:
     deterministic: bool = False
     max_model_len: int | None = None
     log_level: str = "info"
+    attention_backend: str = "auto"  # auto: triton on CUDA, else torch
 
 
 def is_loopback(host: str) -> bool:
@@ -64,13 +68,12 @@ def check_options(options: ServeOptions) -> ServeOptions:
         ("--dtype", options.dtype, DTYPES),
         ("--kv-cache-dtype", options.kv_cache_dtype, KV_DTYPES),
         ("--kv-rotation", options.kv_rotation, KV_ROTATIONS),
+        ("--attention-backend", options.attention_backend, ATTENTION_BACKENDS),
     ):
         if value not in allowed:
             raise ServeUsageError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
-    if options.kv_rotation != "none":
-        raise ServeUsageError(
-            f"--kv-rotation {options.kv_rotation} is not implemented yet; only `none` is available"
-        )
+    if options.kv_scales_file and not os.path.isfile(options.kv_scales_file):
+        raise ServeUsageError(f"--kv-scales {options.kv_scales_file}: no such file")
     if not 0 < options.port < 65536:
         raise ServeUsageError(f"--port must be 1..65535, not {options.port}")
     return options
@@ -89,26 +92,63 @@ def build_engine(options: ServeOptions):
         "deterministic": options.deterministic,
         "max_model_len": options.max_model_len,
         "max_waiting": options.max_waiting,
+        "kv_rotation": options.kv_rotation,
+        "kv_scales_file": options.kv_scales_file,
+        "kv_scales_per_head": options.kv_scales_per_head,
+        "attention_backend": options.attention_backend,
     }
     if options.max_num_seqs is not None:
         settings["max_num_seqs"] = options.max_num_seqs
     return AsyncEngine(EngineConfig(**settings))
 
 
+def _scale_values(scales: dict) -> dict[str, list]:
+    """The scale lists of a stats `kv_scales` object: k/v (GQA) or latent/rope (MLA)."""
+    return {key: value for key, value in scales.items() if isinstance(value, list)}
+
+
+def _flat(values: list) -> list[float]:
+    return [x for value in values for x in (value if isinstance(value, list) else [value])]
+
+
 def describe_kv(stats: dict) -> str:
     scales = stats.get("kv_scales") or {}
-    k, v = scales.get("k") or [], scales.get("v") or []
+    values = _scale_values(scales) or {"k": [], "v": []}
 
     def span(values: list) -> str:
-        flat = [x for value in values for x in (value if isinstance(value, list) else [value])]
+        flat = _flat(values)
         return f"{min(flat):.4g}..{max(flat):.4g}" if flat else "n/a"
 
+    source = scales.get("source", "n/a")
+    if source == "calibrate":
+        done, total = scales.get("calibrated_layers"), scales.get("num_layers")
+        pending = total is not None and done is not None and done < total
+        source = "the first prefill" + (f" ({done}/{total} layers so far)" if pending else "")
+    granularity = scales.get("granularity")
+    spans = ", ".join(f"{key} {span(value)}" for key, value in values.items())
     return (
         f"KV cache: {stats.get('kv_cache_dtype')}, capacity {stats.get('capacity_tokens')} tokens "
         f"({stats.get('kv_bytes_per_token')} bytes/token), max context "
-        f"{stats.get('max_context_tokens')} tokens; scales from {scales.get('source', 'n/a')} "
-        f"(k {span(k)}, v {span(v)})"
+        f"{stats.get('max_context_tokens')} tokens; rotation "
+        f"{stats.get('kv_rotation', scales.get('rotation', 'none'))}; scales from {source}"
+        f"{f' ({granularity})' if granularity else ''} ({spans})"
     )
+
+
+def describe_kv_scales(stats: dict) -> list[str]:
+    """One line per scale list with every value in force (the start-up log's detail)."""
+    scales = stats.get("kv_scales") or {}
+    pending = scales.get("calibrated_layers", 0) < scales.get("num_layers", 0)
+    if scales.get("source") == "calibrate" and pending:
+        return ["KV scales: set from the first prefill, then frozen (see /v1/engine/stats)"]
+    lines = []
+    for key, values in _scale_values(scales).items():
+        shown = [
+            "[" + ", ".join(f"{x:.4g}" for x in v) + "]" if isinstance(v, list) else f"{v:.4g}"
+            for v in values
+        ]
+        lines.append(f"KV {key} scales by layer: {', '.join(shown)}")
+    return lines
 
 
 def serve(options: ServeOptions) -> None:
@@ -126,6 +166,8 @@ def serve(options: ServeOptions) -> None:
         stats = asyncio.run(engine.stats())
         log.info("serving %s (also as %s)", model.id, ", ".join(model.names[1:]) or "-")
         log.info("%s", describe_kv(stats))
+        for line in describe_kv_scales(stats):
+            log.info("%s", line)
         if options.deterministic:
             log.info("deterministic mode: batch- and cache-invariant reductions")
         app = create_app(engine, model, api_key=options.api_key)

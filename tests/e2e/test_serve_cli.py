@@ -32,9 +32,10 @@ def test_key_from_the_environment_allows_a_public_bind(monkeypatch):
     assert options.api_key == "k1"
 
 
-def test_unimplemented_or_unknown_values_exit_2():
+def test_unknown_values_exit_2():
     for flags, words in (
-        (["--kv-rotation", "hadamard"], "not implemented"),
+        (["--kv-rotation", "sideways"], "--kv-rotation must be one of"),
+        (["--kv-scales", "/nonexistent/scales.json"], "no such file"),
         (["--kv-cache-dtype", "fp16"], "--kv-cache-dtype must be one of"),
         (["--dtype", "int8"], "--dtype must be one of"),
     ):
