@@ -64,12 +64,14 @@ class Sampler:
     ) -> list[tuple[int, TokenLogprob | None]]:
         """One token per row; a seeded request draws from its own generator."""
         logits = logits.float().cpu()
+        # One argmax over the batch: per-row calls cost as much as a layer at batch 16.
+        argmax = logits.argmax(-1).tolist()
         results: list[tuple[int, TokenLogprob | None]] = []
-        for row, seq in zip(logits, seqs, strict=True):
+        for index, (row, seq) in enumerate(zip(logits, seqs, strict=True)):
             params = seq.params
             adjusted = apply_penalties(row, seq)
             if params.greedy:
-                token = int(torch.argmax(adjusted))
+                token = argmax[index] if adjusted is row else int(torch.argmax(adjusted))
             else:
                 probs = filter_logits(adjusted, params).softmax(-1)
                 generator = seq.generator or self.generator

@@ -31,12 +31,7 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def _tiled_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    # A float32 copy (see cpu_linear) computes the same values faster on CPU.
-    weight = getattr(module, "weight_f32", None)
-    if weight is None:
-        return tiled_linear(x, module.weight, module.bias)
-    bias = None if module.bias is None else module.bias.float()
-    return tiled_linear(x.float(), weight, bias).to(x.dtype)
+    return tiled_linear(x, module.weight, module.bias)
 
 
 def make_linear_layers_batch_invariant(model: nn.Module) -> int:
