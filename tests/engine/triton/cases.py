@@ -181,3 +181,14 @@ def written_rows(pool, layer: int, slots: torch.Tensor) -> torch.Tensor:
     """The stored bytes at `slots`, comparable with torch.equal for any storage dtype."""
     rows = pool.storage[layer][slots]
     return rows.view(torch.uint8) if rows.element_size() == 1 else rows.view(torch.int16)
+
+
+def torch_and_triton(case):
+    """The same step through the torch backend (pool 0) and the Triton one (pool 1): (out, ref)."""
+    from engine.attention.torch_backend import TorchAttentionBackend
+    from engine.attention.triton.backend import TritonAttentionBackend
+
+    args = (LAYER, case.q, case.k, case.v)
+    ref = TorchAttentionBackend().forward(*args, case.pools[0], case.meta, case.scale)
+    out = TritonAttentionBackend().forward(*args, case.pools[1], case.meta, case.scale)
+    return out, ref

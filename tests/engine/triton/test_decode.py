@@ -7,7 +7,6 @@ import torch
 
 pytest.importorskip("triton")
 
-from engine.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from engine.attention.triton.backend import TritonAttentionBackend  # noqa: E402
 from engine.attention.triton.common import plan_splits, step_tables  # noqa: E402
 from engine.attention.triton.decode import BLOCK_N, gqa_decode  # noqa: E402
@@ -15,6 +14,7 @@ from tests.engine.triton.cases import (  # noqa: E402
     LAYER,
     gqa_case,
     reference_attention,
+    torch_and_triton,
     written_rows,
 )
 
@@ -40,9 +40,7 @@ def test_decode_matches_torch_backend(
         q_heads, kv_heads, head_dim, page, [1] * len(context_lens), context_lens, kv_dtype, device
     )
     assert case.meta.decode_only
-    args = (LAYER, case.q, case.k, case.v)
-    ref = TorchAttentionBackend().forward(*args, case.pools[0], case.meta, case.scale)
-    out = TritonAttentionBackend().forward(*args, case.pools[1], case.meta, case.scale)
+    out, ref = torch_and_triton(case)
     torch.testing.assert_close(out, ref, **FP32_TOL)
     slots = case.meta.slot_mapping
     assert torch.equal(
@@ -52,9 +50,7 @@ def test_decode_matches_torch_backend(
 
 def test_decode_bf16_activations(seed, device):
     case = gqa_case(8, 2, 32, 16, [1, 1], [23, 50], "fp8_e4m3", device, dtype=torch.bfloat16)
-    args = (LAYER, case.q, case.k, case.v)
-    ref = TorchAttentionBackend().forward(*args, case.pools[0], case.meta, case.scale)
-    out = TritonAttentionBackend().forward(*args, case.pools[1], case.meta, case.scale)
+    out, ref = torch_and_triton(case)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref.float(), **BF16_TOL)
 

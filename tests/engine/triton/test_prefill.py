@@ -7,11 +7,15 @@ import torch
 
 pytest.importorskip("triton")
 
-from engine.attention.torch_backend import TorchAttentionBackend  # noqa: E402
-from engine.attention.triton.backend import TritonAttentionBackend  # noqa: E402
 from engine.attention.triton.common import step_tables  # noqa: E402
 from engine.attention.triton.prefill import prefill_attention  # noqa: E402
-from tests.engine.triton.cases import LAYER, gqa_case, reference_attention, written_rows  # noqa: E402
+from tests.engine.triton.cases import (  # noqa: E402
+    LAYER,
+    gqa_case,
+    reference_attention,
+    torch_and_triton,
+    written_rows,
+)
 
 FP32_TOL = dict(atol=2e-5, rtol=1e-4)  # same stored values, different summation order
 BF16_TOL = dict(atol=1e-2, rtol=1e-2)  # both round the output to bf16
@@ -31,9 +35,7 @@ def test_prefill_matches_torch_backend(
 ):
     case = gqa_case(q_heads, kv_heads, head_dim, page, query_lens, context_lens, kv_dtype, device)
     assert not case.meta.decode_only
-    args = (LAYER, case.q, case.k, case.v)
-    ref = TorchAttentionBackend().forward(*args, case.pools[0], case.meta, case.scale)
-    out = TritonAttentionBackend().forward(*args, case.pools[1], case.meta, case.scale)
+    out, ref = torch_and_triton(case)
     torch.testing.assert_close(out, ref, **FP32_TOL)
     slots = case.meta.slot_mapping
     assert torch.equal(
@@ -43,9 +45,7 @@ def test_prefill_matches_torch_backend(
 
 def test_prefill_bf16_activations(seed, device):
     case = gqa_case(8, 2, 32, 16, [19, 4], [19, 40], "fp8_e4m3", device, dtype=torch.bfloat16)
-    args = (LAYER, case.q, case.k, case.v)
-    ref = TorchAttentionBackend().forward(*args, case.pools[0], case.meta, case.scale)
-    out = TritonAttentionBackend().forward(*args, case.pools[1], case.meta, case.scale)
+    out, ref = torch_and_triton(case)
     torch.testing.assert_close(out.float(), ref.float(), **BF16_TOL)
 
 
