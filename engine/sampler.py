@@ -65,7 +65,8 @@ class Sampler:
         """One token per row; a seeded request draws from its own generator."""
         logits = logits.float().cpu()
         # One argmax over the batch: per-row calls cost as much as a layer at batch 16.
-        argmax = logits.argmax(-1).tolist()
+        greedy = any(seq.params.greedy for seq in seqs)
+        argmax = logits.argmax(-1).tolist() if greedy else []
         results: list[tuple[int, TokenLogprob | None]] = []
         for index, (row, seq) in enumerate(zip(logits, seqs, strict=True)):
             params = seq.params

@@ -106,3 +106,17 @@ def test_logprobs_match_reference(llm, tiny_llama_dir):
         expected = float(reference[i - 1, PROMPT[i]])
         assert prompt_lp[i].token_id == PROMPT[i]
         assert prompt_lp[i].logprob == pytest.approx(expected, abs=1e-4)
+
+
+def test_batched_greedy_rows_each_get_their_own_argmax_penalties_included():
+    from engine.sampler import Sampler
+    from engine.sequence import Sequence
+
+    logits = torch.tensor([[0.0, 5.0, 4.0, 1.0], [0.0, 5.0, 4.0, 1.0], [9.0, 0.0, 0.0, 0.0]])
+    plain = Sequence("a", [0], SamplingParams(temperature=0))
+    # Token 1 was already produced; a strong repetition penalty demotes it below token 2.
+    penalised = Sequence("b", [0], SamplingParams(temperature=0, repetition_penalty=4.0))
+    penalised.output_token_ids.append(1)
+    sampled = Sequence("c", [0], SamplingParams(temperature=0.5, seed=3))
+    tokens = [token for token, _ in Sampler().sample(logits, [plain, penalised, sampled])]
+    assert tokens == [1, 2, 0]
