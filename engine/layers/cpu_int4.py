@@ -39,6 +39,9 @@ MAX_PACKED_ROWS = 4
 # of an ordinary checkpoint is a sizeable fraction of a step away).
 _STEP_TOLERANCE = 1e-3
 _FLOAT32_SLACK = 2.0**-21
+_PROBE_ROWS = 8
+# torch's int4 packing wants the output rows in multiples of 16.
+_KERNEL_ROW_MULTIPLE = 16
 
 
 @dataclass
@@ -82,27 +85,31 @@ def _within_grid(error: torch.Tensor, step: torch.Tensor, magnitude: torch.Tenso
     return bool((error <= step * _STEP_TOLERANCE + magnitude * _FLOAT32_SLACK).all())
 
 
-def _four_bit_grid(groups: torch.Tensor) -> PackedWeight | None:
-    """Groups whose values are `lo + step * q`, q in 0..15, as Q4_1 writes them."""
+def _four_bit_grid(groups: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+    """(q, step, lo) when every group is `lo + step * q`, q in 0..15, as Q4_1 writes them."""
     lo = groups.amin(-1, keepdim=True)
     hi = groups.amax(-1, keepdim=True)
     step = (hi - lo) / 15
     q = ((groups - lo) / torch.where(step > 0, step, 1.0)).round_().clamp_(0, 15)
     error = (q * step + lo - groups).abs_()
-    if not _within_grid(error, step, lo.abs() + hi.abs()):
-        return None
-    # The kernel computes (q - 8) * scale + zero.
-    return PackedWeight([_part(q, step, lo + 8 * step)], "4-bit")
+    return (q, step, lo) if _within_grid(error, step, lo.abs() + hi.abs()) else None
 
 
-def _eight_bit_grid(groups: torch.Tensor) -> PackedWeight | None:
-    """Groups whose values are `step * q`, q in -128..127, as Q8_0 writes them."""
+def _eight_bit_grid(groups: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+    """(q, step) when every group is `step * q`, q in -128..127, as Q8_0 writes them."""
     amax = groups.abs().amax(-1, keepdim=True)
     step = amax / 127
     q = (groups / torch.where(step > 0, step, 1.0)).round_().clamp_(-128, 127)
     error = (q * step - groups).abs_()
-    if not _within_grid(error, step, amax):
-        return None
+    return (q, step) if _within_grid(error, step, amax) else None
+
+
+def _pack_four_bit(q: torch.Tensor, step: torch.Tensor, lo: torch.Tensor) -> PackedWeight:
+    # The kernel computes (q - 8) * scale + zero.
+    return PackedWeight([_part(q, step, lo + 8 * step)], "4-bit")
+
+
+def _pack_eight_bit(q: torch.Tensor, step: torch.Tensor) -> PackedWeight:
     high = torch.div(q, 16, rounding_mode="floor")  # -8..7
     low = q - 16 * high  # 0..15
     zeros = torch.zeros_like(step)
@@ -115,10 +122,21 @@ def _eight_bit_grid(groups: torch.Tensor) -> PackedWeight | None:
 
 def pack_if_on_grid(weight: torch.Tensor) -> PackedWeight | None:
     """The packed form of a float32 [N, K] weight whose groups lie on a grid, else None."""
-    if weight.dim() != 2 or weight.shape[1] % GROUP or weight.dtype != torch.float32:
+    if (
+        weight.dim() != 2
+        or weight.dtype != torch.float32
+        or weight.shape[1] % GROUP
+        or weight.shape[0] % _KERNEL_ROW_MULTIPLE
+    ):
         return None
     groups = weight.detach().reshape(weight.shape[0], -1, GROUP)
-    return _four_bit_grid(groups) or _eight_bit_grid(groups)
+    # An ordinary checkpoint fails on its first rows: test those before the whole weight.
+    probe = groups[:_PROBE_ROWS]
+    for on_grid, pack in ((_four_bit_grid, _pack_four_bit), (_eight_bit_grid, _pack_eight_bit)):
+        if on_grid(probe) is not None:
+            grid = on_grid(groups)
+            return None if grid is None else pack(*grid)
+    return None
 
 
 def _packed_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -54,6 +54,7 @@ def test_grid_weights_pack_and_match_the_dense_product(make, grid):
         torch.randn(ROWS, COLS),  # an ordinary float32 weight
         torch.randn(ROWS, COLS).bfloat16().float(),  # an ordinary BF16 weight
         torch.randn(ROWS, COLS - 16),  # columns not a multiple of the group
+        _q4_1_weight(torch.Generator().manual_seed(3))[:-8],  # rows the kernel cannot pack
     ],
 )
 def test_weights_off_any_grid_stay_dense(weight):
@@ -62,7 +63,7 @@ def test_weights_off_any_grid_stay_dense(weight):
 
 def test_a_single_off_grid_value_keeps_the_whole_weight_dense():
     weight = _q4_1_weight(torch.Generator().manual_seed(1))
-    weight[7, 45] += 1e-3
+    weight[40, 45] += 1e-3  # past the rows probed first
     assert pack_if_on_grid(weight) is None
 
 
