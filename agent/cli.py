@@ -166,7 +166,14 @@ def serve(
     deterministic: bool = typer.Option(False, help="Batch- and cache-invariant outputs (slower)."),
     max_model_len: int = typer.Option(None, help="Longest prompt plus output per request."),
     attention_backend: str = typer.Option(
-        "auto", help="auto (triton on CUDA, else torch), torch or triton"
+        "auto",
+        help="auto (triton on CUDA, else cpu where its C kernels run, else torch), torch, "
+        "cpu or triton",
+    ),
+    cpu_kernel: str = typer.Option(
+        "auto",
+        help="CPU products with 4-/8-bit grid weights: int8 activations (AVX-512 VNNI "
+        "kernel, fastest), bf16 (torch's int4 kernel), or auto (int8 where it runs).",
     ),
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API."""
@@ -191,6 +198,7 @@ def serve(
         deterministic=deterministic,
         max_model_len=max_model_len,
         attention_backend=attention_backend,
+        cpu_kernel=cpu_kernel,
     )
     try:
         check_options(options)

@@ -11,6 +11,10 @@ KVDTypeName = Literal["auto", "bf16", "fp8_e4m3"]
 # auto: hadamard for an fp8_e4m3 cache unless fixed scales were measured without
 # rotation, else none (engine/kv/scales.py).
 KVRotationName = Literal["auto", "none", "hadamard"]
+# CPU products with 4-/8-bit grid weights (engine/layers/cpu_grid_weights.py):
+# int8 activations (AVX-512 VNNI kernel), BF16 activations (torch's int4 kernel),
+# auto: int8 where the kernel builds and runs, else bf16.
+CPUKernelName = Literal["auto", "int8", "bf16"]
 # Default KV budget on CPU when none is given; GPUs size from free memory.
 DEFAULT_CPU_KV_GIB = 1.0
 
@@ -41,4 +45,5 @@ class EngineConfig(BaseModel):
     # Batch-, chunk- and cache-invariant reductions: bit-identical outputs however
     # requests are batched, at a cost in speed (DESIGN.md §3).
     deterministic: bool = False
+    cpu_kernel: CPUKernelName = "auto"
     device: str | None = None

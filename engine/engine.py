@@ -15,6 +15,7 @@ import torch
 
 from engine.attention.torch_backend import get_backend
 from engine.config import DEFAULT_CPU_KV_GIB, EngineConfig
+from engine.cpu_kernels.library import unavailable as cpu_kernels_unavailable
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineError, KVCapacityError, PromptTooLongError
 from engine.kv import make_pool
@@ -29,7 +30,7 @@ from engine.kv.scales import (
 )
 from engine.kv.sizing import capacity_tokens, kv_bytes_per_token
 from engine.layers.batch_invariant import make_linear_layers_batch_invariant
-from engine.layers.cpu_int4 import pack_grid_weights
+from engine.layers.cpu_grid_weights import pack_grid_weights
 from engine.loader import cast_parameters, load_model
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.runner import ModelRunner
@@ -86,7 +87,8 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, model_cfg.torch_dtype_name, self.device)
         # CPU, BF16: load in float32 first, so that weights lying on a 4- or 8-bit
         # grid (a quantized checkpoint's, like the default model's) can be packed
-        # exactly before the cast (engine/layers/cpu_int4.py).
+        # exactly before the cast (engine.layers.cpu_grid_weights.py).
+        self.cpu_kernel = "none"  # set when packing: int8 or bf16
         self.packs_cpu_weights = (
             self.device.type == "cpu" and self.dtype == torch.bfloat16 and not config.deterministic
         )
@@ -148,12 +150,28 @@ class LLMEngine:
         # Enough for the default CPU budget, and always for one full-length sequence.
         return max(int(DEFAULT_CPU_KV_GIB * GIB), 2 * self.max_model_len * per_token)
 
+    def _resolve_cpu_kernel(self) -> str:
+        """int8 activations where the VNNI kernel runs, else torch's BF16 int4 kernel."""
+        wanted = self.config.cpu_kernel
+        if wanted == "bf16":
+            return "bf16"
+        reason = cpu_kernels_unavailable()
+        if not reason:
+            return "int8"
+        if wanted == "int8":
+            raise EngineError(f"--cpu-kernel int8 cannot run here: {reason}; use bf16 or auto")
+        log.info("CPU int8 grid kernel unavailable (%s); using torch's int4 kernel", reason)
+        return "bf16"
+
     def _pack_and_cast(self) -> None:
-        """Pack grid weights into 4 bits (exact), then cast the model to BF16."""
-        report = pack_grid_weights(self.model)
+        """Pack grid weights (exact), then cast the model to BF16."""
+        self.cpu_kernel = self._resolve_cpu_kernel()
+        report = pack_grid_weights(self.model, self.cpu_kernel)
         cast_parameters(self.model, self.dtype)
         log.info(
-            "CPU packed weights: %d on a 4-bit grid, %d on an 8-bit grid, %d dense, %.3f GiB",
+            "CPU packed weights (%s activations): %d on a 4-bit grid, %d on an 8-bit grid, "
+            "%d dense, %.3f GiB",
+            self.cpu_kernel,
             report["4-bit"],
             report["8-bit"],
             report["dense"],
@@ -438,6 +456,8 @@ class LLMEngine:
             "kv_bytes_per_token": kv_bytes_per_token(self.layout, self.kv_dtype),
             "kv_rotation": self.kv_rotation,
             "kv_scales": scales_in_force(self.pool, self.kv_rotation),
+            "attention_backend": self.runner.backend.name,
+            "cpu_kernel": self.cpu_kernel,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
         }

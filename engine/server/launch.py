@@ -18,7 +18,8 @@ API_KEY_ENV = "RESIDENT_API_KEY"
 DTYPES = ("auto", "bfloat16", "float32")
 KV_DTYPES = ("auto", "bf16", "fp8_e4m3")
 KV_ROTATIONS = ("auto", "none", "hadamard")
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
+CPU_KERNELS = ("auto", "int8", "bf16")
 
 
 class ServeUsageError(ValueError):
@@ -42,7 +43,8 @@ class ServeOptions:
     deterministic: bool = False
     max_model_len: int | None = None
     log_level: str = "info"
-    attention_backend: str = "auto"  # auto: triton on CUDA, else torch
+    attention_backend: str = "auto"  # auto: triton on CUDA, else cpu kernels, else torch
+    cpu_kernel: str = "auto"  # grid-weight products on CPU: int8 or bf16 activations
 
 
 def is_loopback(host: str) -> bool:
@@ -69,6 +71,7 @@ def check_options(options: ServeOptions) -> ServeOptions:
         ("--kv-cache-dtype", options.kv_cache_dtype, KV_DTYPES),
         ("--kv-rotation", options.kv_rotation, KV_ROTATIONS),
         ("--attention-backend", options.attention_backend, ATTENTION_BACKENDS),
+        ("--cpu-kernel", options.cpu_kernel, CPU_KERNELS),
     ):
         if value not in allowed:
             raise ServeUsageError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
@@ -96,6 +99,7 @@ def build_engine(options: ServeOptions):
         "kv_scales_file": options.kv_scales_file,
         "kv_scales_per_head": options.kv_scales_per_head,
         "attention_backend": options.attention_backend,
+        "cpu_kernel": options.cpu_kernel,
     }
     if options.max_num_seqs is not None:
         settings["max_num_seqs"] = options.max_num_seqs
@@ -168,6 +172,11 @@ def serve(options: ServeOptions) -> None:
         log.info("%s", describe_kv(stats))
         for line in describe_kv_scales(stats):
             log.info("%s", line)
+        log.info(
+            "attention backend %s; CPU grid-weight products: %s",
+            stats.get("attention_backend"),
+            stats.get("cpu_kernel"),
+        )
         if options.deterministic:
             log.info("deterministic mode: batch- and cache-invariant reductions")
         app = create_app(engine, model, api_key=options.api_key)

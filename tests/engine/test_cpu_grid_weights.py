@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine.layers.cpu_int4 import MAX_PACKED_ROWS, pack_grid_weights, pack_if_on_grid
+from engine.layers.cpu_grid_weights import MAX_PACKED_ROWS, pack_grid_weights, pack_if_on_grid
 from engine.model_store import default_model_dir, is_complete
 
 ROWS, COLS = 48, 128  # 4 groups of 32 per row
@@ -89,10 +89,17 @@ def test_packed_linear_uses_packed_rows_then_dense_rows_and_keeps_bias():
 @pytest.mark.skipif(
     not is_complete(default_model_dir()), reason="default model not pulled: resident models pull"
 )
-def test_the_default_model_is_packed_whole_and_greedy_text_is_unchanged():
+@pytest.mark.parametrize("cpu_kernel", ["int8", "bf16"])
+def test_the_default_model_is_packed_whole_and_greedy_text_is_unchanged(cpu_kernel):
     from engine import LLM, SamplingParams
+    from engine.cpu_kernels.library import unavailable
 
-    packed = LLM(str(default_model_dir()), dtype="bfloat16", kv_cache_dtype="bf16")
+    if cpu_kernel == "int8" and unavailable():
+        pytest.skip(f"CPU kernels: {unavailable()}")
+    packed = LLM(
+        str(default_model_dir()), dtype="bfloat16", kv_cache_dtype="bf16", cpu_kernel=cpu_kernel
+    )
+    assert packed.engine.cpu_kernel == cpu_kernel
     layers = [m for m in packed.engine.model.modules() if isinstance(m, nn.Linear)]
     assert all(getattr(m, "packed_weight", None) is not None for m in layers)
     assert packed.engine.model.lm_head.packed_weight.grid == "8-bit"  # the Q8_0 embedding

@@ -1,26 +1,28 @@
-"""Keep 4- and 8-bit checkpoint weights packed in 4 bits on CPU, exactly.
+"""Keep 4- and 8-bit checkpoint weights packed on CPU, exactly, and multiply with them.
 
-A decode step of one sequence is a chain of matrix-vector products, bound by
-how many weight bytes are read. Checkpoints converted from llama.cpp's block
-formats (the default model is a Q4_1 GGUF, with a Q8_0 embedding) hold
-weights that lie, per group of 32 values along a row, on a small uniform grid:
-Q4_1 on 16 levels `lo + step * q` (q in 0..15), Q8_0 on `step * q` (q in
--128..127). The float32 model folder keeps those values exactly, so they can
-be packed back without loss: 4 bits per value instead of 16, and torch's CPU
-int4 kernel (`_weight_int4pack_mm_for_cpu`, BF16 activations, per-group scale
-and zero: value = (q - 8) * scale + zero) reads them. An 8-bit grid becomes
-two 4-bit products, one over the high nibbles and one over the low ones.
+Checkpoints converted from llama.cpp's block formats (the default model is a
+Q4_1 GGUF, with a Q8_0 embedding) hold weights that lie, per group of 32
+values along a row, on a small uniform grid: Q4_1 on 16 levels `lo + step * q`
+(q in 0..15), Q8_0 on `step * q` (q in -128..127). The float32 model folder
+keeps those values exactly, so they can be packed back without loss. Two
+kernels read them:
 
-Measured on the development machine with one thread, BF16 activations: a
-3072x576 product 105 us in int4 against 146 us dense, the 49152x576 output
-head 2 x 1.7 ms against 9.0 ms. The kernel loses to a dense BF16 product from
-about 8 rows on, so each packed layer keeps its dense weight for prefill and
-large decode batches and uses the packed form up to `MAX_PACKED_ROWS` rows.
+- `int8` (engine/cpu_kernels, AVX-512 VNNI): the codes stay 4- or 8-bit with
+  float32 scales and offsets, and each row of activations is quantized to
+  int8 per group of 32, as llama.cpp does for these files. Integer dot
+  products make it the fastest at every row count: on the development
+  machine, two threads, a 3072x576 product takes 142 us at 16 rows against
+  391 us dense BF16, 31 us against 197 at one row. The weights are exact; the
+  activations carry int8 rounding (per group: half a step of max|x|/127).
+- `bf16`: torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`, BF16
+  activations, per-group scale and zero: value = (q - 8) * scale + zero); an
+  8-bit grid becomes two 4-bit products (high and low nibbles). It loses to a
+  dense BF16 product from about 8 rows on, so each layer keeps its dense
+  weight and uses the packed form up to `MAX_PACKED_ROWS` rows. Its scales
+  are BF16, so packed values equal the float32 ones within BF16 rounding.
 
 Only grids that reproduce every value of a weight (within float32 rounding)
 are packed; anything else, such as an ordinary BF16 checkpoint, stays dense.
-The packed scales and zeros are BF16, so the packed values equal the float32
-ones within BF16 rounding, as the dense BF16 weights do.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.cpu_kernels.grid_matmul import grid_matmul, pack_codes
 
 GROUP = 32
 # Up to this many rows the packed kernel is used; beyond, the dense weight.
@@ -104,6 +108,36 @@ def _eight_bit_grid(groups: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
     return (q, step) if _within_grid(error, step, amax) else None
 
 
+@dataclass
+class GridWeight:
+    """A weight `step * codes + offset` in the int8-activation kernel's layout."""
+
+    codes: torch.Tensor  # uint8, nibbles for a 4-bit grid
+    scales: torch.Tensor  # float32 step and offset per group of 32
+    bits: int
+    rows: int
+    grid: str
+    bias: torch.Tensor | None = None  # float32, added by the kernel
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel() + self.scales.numel() * 4
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return grid_matmul(x, self.codes, self.scales, self.bits, self.rows, self.bias)
+
+
+def _grid_four_bit(q: torch.Tensor, step: torch.Tensor, lo: torch.Tensor) -> GridWeight:
+    codes, scales = pack_codes(q, step, lo, bits=4)
+    return GridWeight(codes, scales, 4, q.shape[0], "4-bit")
+
+
+def _grid_eight_bit(q: torch.Tensor, step: torch.Tensor) -> GridWeight:
+    # The kernel multiplies unsigned codes: q + 128 in 0..255, offset -128 step.
+    codes, scales = pack_codes(q + 128, step, -128 * step, bits=8)
+    return GridWeight(codes, scales, 8, q.shape[0], "8-bit")
+
+
 def _pack_four_bit(q: torch.Tensor, step: torch.Tensor, lo: torch.Tensor) -> PackedWeight:
     # The kernel computes (q - 8) * scale + zero.
     return PackedWeight([_part(q, step, lo + 8 * step)], "4-bit")
@@ -120,19 +154,32 @@ def _pack_eight_bit(q: torch.Tensor, step: torch.Tensor) -> PackedWeight:
     )
 
 
-def pack_if_on_grid(weight: torch.Tensor) -> PackedWeight | None:
-    """The packed form of a float32 [N, K] weight whose groups lie on a grid, else None."""
+KERNELS = ("int8", "bf16")
+
+
+def pack_if_on_grid(weight: torch.Tensor, kernel: str = "bf16") -> PackedWeight | GridWeight | None:
+    """The packed form of a float32 [N, K] weight whose groups lie on a grid, else None.
+
+    kernel: "int8" (int8 activations, cpu_grid_kernel) or "bf16" (torch's int4 kernel).
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown CPU kernel {kernel!r}; choose from {', '.join(KERNELS)}")
     if (
         weight.dim() != 2
         or weight.dtype != torch.float32
         or weight.shape[1] % GROUP
-        or weight.shape[0] % _KERNEL_ROW_MULTIPLE
+        or (kernel == "bf16" and weight.shape[0] % _KERNEL_ROW_MULTIPLE)
     ):
         return None
     groups = weight.detach().reshape(weight.shape[0], -1, GROUP)
+    packers = (
+        ((_four_bit_grid, _grid_four_bit), (_eight_bit_grid, _grid_eight_bit))
+        if kernel == "int8"
+        else ((_four_bit_grid, _pack_four_bit), (_eight_bit_grid, _pack_eight_bit))
+    )
     # An ordinary checkpoint fails on its first rows: test those before the whole weight.
     probe = groups[:_PROBE_ROWS]
-    for on_grid, pack in ((_four_bit_grid, _pack_four_bit), (_eight_bit_grid, _pack_eight_bit)):
+    for on_grid, pack in packers:
         if on_grid(probe) is not None:
             grid = on_grid(groups)
             return None if grid is None else pack(*grid)
@@ -141,16 +188,23 @@ def pack_if_on_grid(weight: torch.Tensor) -> PackedWeight | None:
 
 def _packed_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
+    packed = module.packed_weight
+    if isinstance(packed, GridWeight):
+        flat = x.reshape(rows, x.shape[-1])
+        if flat.dtype not in (torch.float32, torch.bfloat16):
+            flat = flat.float()
+        out = packed.matmul(flat.contiguous())  # the kernel adds the bias
+        return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
     if rows > MAX_PACKED_ROWS:
         return F.linear(x, module.weight, module.bias)
     flat = x.reshape(rows, x.shape[-1]).to(torch.bfloat16).contiguous()
-    out = module.packed_weight.matmul(flat)
+    out = packed.matmul(flat)
     if module.bias is not None:
         out = out + module.bias
     return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
 
 
-def pack_grid_weights(model: nn.Module) -> dict[str, int]:
+def pack_grid_weights(model: nn.Module, kernel: str = "bf16") -> dict[str, int]:
     """Give every float32 nn.Linear whose weight lies on a 4- or 8-bit grid a packed form.
 
     Call on the float32 model before casting it to BF16. Returns counts and
@@ -161,10 +215,12 @@ def pack_grid_weights(model: nn.Module) -> dict[str, int]:
     for module in model.modules():
         if not isinstance(module, nn.Linear):
             continue
-        packed = pack_if_on_grid(module.weight)
+        packed = pack_if_on_grid(module.weight, kernel)
         if packed is None:
             report["dense"] += 1
             continue
+        if isinstance(packed, GridWeight) and module.bias is not None:
+            packed.bias = module.bias.detach().float().clone()
         module.packed_weight = packed
         module.forward = lambda x, m=module: _packed_forward(m, x)
         report[packed.grid] += 1

@@ -1,0 +1,136 @@
+"""Build and load the CPU kernels (the *.c files beside this one) as one shared library.
+
+torch has no CPU kernel for some of what a decode step does: products of 4-
+or 8-bit grid weights with int8 activations (the scheme llama.cpp runs its
+Q4_1/Q8_0 files with), or attention that reads FP8 pages in place. These are
+a few hundred lines of C, compiled once per machine with the system C
+compiler into the user cache (`$XDG_CACHE_HOME/resident/kernels`) and called
+through ctypes. They need Linux on x86-64 with AVX-512 (F, BW, VL) and VNNI;
+where the CPU, the compiler or the build is missing, `unavailable()` says why
+and the engine keeps its torch code.
+
+The library shares torch's OpenMP runtime (torch loads libgomp.so.1 first and
+the library links the same soname) and is told torch's thread count on every
+call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCES = sorted(Path(__file__).parent.glob("*.c"))
+_FLAGS = [
+    "-O3",
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512vnni",
+    "-mfma",
+    "-mf16c",
+    "-fopenmp",
+    "-fPIC",
+    "-shared",
+]
+_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c")
+_I64, _INT, _FLOAT, _PTR = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+# name -> argument types; every function returns int (0 = done).
+_SIGNATURES = {
+    # x, x_bf16, M, K, codes, scales, bits, N, bias, out, out_bf16, threads
+    "grid_matmul": [_PTR, _INT, _I64, _I64, _PTR, _PTR, _INT, _I64, _PTR, _PTR, _INT, _INT],
+    # q, q_bf16, kv, kv_kind, slots, lens, B, L, Hq, Hkv, D, k_scale, v_scale,
+    # softmax_scale, out, out_bf16, threads
+    "paged_decode": [
+        *(_PTR, _INT, _PTR, _INT, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR),
+        *(_FLOAT, _PTR, _INT, _INT),
+    ],
+}
+
+
+def kernels_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "resident" / "kernels"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _build(compiler: str) -> Path:
+    """Compile once per sources, flags and compiler; reuse the cached library."""
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, check=False
+    ).stdout
+    digest = hashlib.sha256(" ".join(_FLAGS).encode() + version.encode())
+    for source in SOURCES:
+        digest.update(source.name.encode() + source.read_bytes())
+    target = kernels_dir() / f"resident-cpu-{digest.hexdigest()[:16]}.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename, so concurrent engines never load half a file.
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        result = subprocess.run(
+            [compiler, *_FLAGS, "-o", str(built), *map(str, SOURCES)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise OSError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
+        os.replace(built, target)
+    return target
+
+
+@functools.cache
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    if os.environ.get("RESIDENT_CPU_KERNELS", "1") == "0":
+        return None, "RESIDENT_CPU_KERNELS=0"
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return None, f"needs Linux on x86-64 (this is {platform.system()} {platform.machine()})"
+    missing = [flag for flag in _CPU_FLAGS if flag not in _cpu_flags()]
+    if missing:
+        return None, f"the CPU lacks {', '.join(missing)}"
+    compiler = _compiler()
+    if compiler is None:
+        return None, "no C compiler (cc or gcc) on PATH"
+    try:
+        library = ctypes.CDLL(str(_build(compiler)))
+    except OSError as error:
+        return None, f"building the CPU kernels failed: {error}"
+    for name, argtypes in _SIGNATURES.items():
+        function = getattr(library, name)
+        function.restype = ctypes.c_int
+        function.argtypes = argtypes
+    return library, ""
+
+
+def unavailable() -> str:
+    """Why the CPU kernels cannot run here, or "" when they can."""
+    return _load()[1]
+
+
+def library() -> ctypes.CDLL:
+    loaded, reason = _load()
+    if loaded is None:
+        raise RuntimeError(f"CPU kernels unavailable: {reason}")
+    return loaded

@@ -1,0 +1,156 @@
+/* Decode attention over the paged KV cache: one query token per sequence.
+
+   Reads K and V in place from the pages (float32, bfloat16, or FP8 e4m3
+   bytes) instead of gathering and converting the whole context first, as
+   the torch path must. Per sequence and KV head: the scores of its group of
+   query heads against every context position, a softmax in float32, then the
+   weighted sum of V rows.
+
+   Layer storage: [slots, 2, kv_heads, head_dim], K then V per slot. An FP8
+   byte is read as the IEEE half holding value * 2**-8 (engine/kv/quant.py);
+   the caller's K and V factors carry the scale and the 2**8. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+enum { KV_FLOAT32 = 0, KV_BF16 = 1, KV_FP8 = 2 };
+
+static inline __m512 load_row16(const uint8_t *src, int kind) {
+    if (kind == KV_FLOAT32) return _mm512_loadu_ps(src);
+    if (kind == KV_BF16) {
+        __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+    }
+    __m256i bits = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)src));
+    bits = _mm256_and_si256(_mm256_slli_epi16(bits, 7), _mm256_set1_epi16((short)0xBF80));
+    return _mm512_cvtph_ps(bits);
+}
+
+static inline __m512 load_bf16_or_f32(const void *src, int bf16) {
+    return load_row16(src, bf16 ? KV_BF16 : KV_FLOAT32);
+}
+
+/* exp(x) for x <= 0 (Cephes' expf polynomial: relative error ~1e-7). */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(y, n);
+}
+
+static inline void store_row16(void *dst, __m512 v, int bf16) {
+    if (!bf16) {
+        _mm512_storeu_ps(dst, v);
+        return;
+    }
+    __m512i bits = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    bits = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+    _mm256_storeu_si256(dst, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+}
+
+/* One sequence, one KV head: out[g] for its `group` query heads. */
+static void attend(const float *q, int64_t group, int64_t D, const uint8_t *kv, int kind,
+                   int64_t elem, int64_t kv_heads, int64_t head, const int64_t *slots,
+                   int64_t len, float v_factor, float *scores, float *acc, float *totals,
+                   void *out, int out_bf16) {
+    const int64_t chunks = D / 16, slot_elems = 2 * kv_heads * D;
+    for (int64_t l = 0; l < len; l++) {
+        const uint8_t *k = kv + (slots[l] * slot_elems + head * D) * elem;
+        __m512 krow[16];
+        for (int64_t c = 0; c < chunks; c++) krow[c] = load_row16(k + c * 16 * elem, kind);
+        for (int64_t g = 0; g < group; g++) {
+            __m512 s = _mm512_setzero_ps();
+            for (int64_t c = 0; c < chunks; c++)
+                s = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + c * 16), krow[c], s);
+            scores[g * len + l] = _mm512_reduce_add_ps(s);
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float *row = scores + g * len;
+        __m512 vmax = _mm512_set1_ps(-INFINITY);
+        for (int64_t l = 0; l < len; l += 16) {
+            __mmask16 m = len - l >= 16 ? 0xFFFF : (__mmask16)((1u << (len - l)) - 1);
+            vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, row + l));
+        }
+        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+        __m512 vsum = _mm512_setzero_ps();
+        for (int64_t l = 0; l < len; l += 16) {
+            __mmask16 m = len - l >= 16 ? 0xFFFF : (__mmask16)((1u << (len - l)) - 1);
+            __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + l), top));
+            p = _mm512_maskz_mov_ps(m, p);
+            _mm512_mask_storeu_ps(row + l, m, p);
+            vsum = _mm512_add_ps(vsum, p);
+        }
+        totals[g] = _mm512_reduce_add_ps(vsum);
+        for (int64_t c = 0; c < chunks; c++) _mm512_storeu_ps(acc + g * D + c * 16, _mm512_setzero_ps());
+    }
+    for (int64_t l = 0; l < len; l++) {
+        const uint8_t *v = kv + (slots[l] * slot_elems + (kv_heads + head) * D) * elem;
+        __m512 vrow[16];
+        for (int64_t c = 0; c < chunks; c++) vrow[c] = load_row16(v + c * 16 * elem, kind);
+        for (int64_t g = 0; g < group; g++) {
+            const __m512 p = _mm512_set1_ps(scores[g * len + l]);
+            for (int64_t c = 0; c < chunks; c++) {
+                float *a = acc + g * D + c * 16;
+                _mm512_storeu_ps(a, _mm512_fmadd_ps(p, vrow[c], _mm512_loadu_ps(a)));
+            }
+        }
+    }
+    const int out_elem = out_bf16 ? 2 : 4;
+    for (int64_t g = 0; g < group; g++) {
+        const __m512 norm = _mm512_set1_ps(v_factor / totals[g]);
+        for (int64_t c = 0; c < chunks; c++)
+            store_row16((char *)out + (g * D + c * 16) * out_elem,
+                        _mm512_mul_ps(_mm512_loadu_ps(acc + g * D + c * 16), norm), out_bf16);
+    }
+}
+
+/* q [B, Hq, D], out [B, Hq, D]; slots [B, L] (row b valid up to lens[b]);
+   k_factor/v_factor [Hkv]; kv_kind 0 float32, 1 bf16, 2 fp8 bytes.
+   D must be a multiple of 16, at most 256; a sequence needs lens[b] >= 1. Returns 0, or -1 without memory. */
+int paged_decode(const void *q, int q_bf16, const uint8_t *kv, int kv_kind, const int64_t *slots,
+                 const int64_t *lens, int64_t B, int64_t L, int64_t Hq, int64_t Hkv, int64_t D,
+                 const float *k_factor, const float *v_factor, float softmax_scale, void *out,
+                 int out_bf16, int threads) {
+    const int64_t group = Hq / Hkv, elem = kv_kind == KV_FLOAT32 ? 4 : kv_kind == KV_BF16 ? 2 : 1;
+    const int q_elem = q_bf16 ? 2 : 4, out_elem = out_bf16 ? 2 : 4;
+    int failed = 0;
+#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)(group * (L > 0 ? L : 1)));
+        float *qf = malloc(sizeof(float) * (size_t)(group * D));
+        float *acc = malloc(sizeof(float) * (size_t)(group * D));
+        float *totals = malloc(sizeof(float) * (size_t)group);
+        if (!scores || !qf || !acc || !totals) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic)
+        for (int64_t task = 0; task < B * Hkv; task++) {
+            if (failed) continue;
+            const int64_t b = task / Hkv, h = task % Hkv;
+            const float qscale = softmax_scale * k_factor[h];
+            for (int64_t g = 0; g < group; g++)
+                for (int64_t c = 0; c < D / 16; c++) {
+                    const char *src = (const char *)q + ((b * Hq + h * group + g) * D + c * 16) * q_elem;
+                    _mm512_storeu_ps(qf + g * D + c * 16,
+                                     _mm512_mul_ps(load_bf16_or_f32(src, q_bf16), _mm512_set1_ps(qscale)));
+                }
+            attend(qf, group, D, kv, kv_kind, elem, Hkv, h, slots + b * L, lens[b], v_factor[h],
+                   scores, acc, totals, (char *)out + (b * Hq + h * group) * D * out_elem, out_bf16);
+        }
+        free(scores), free(qf), free(acc), free(totals);
+    }
+    return failed ? -1 : 0;
+}

@@ -1,0 +1,217 @@
+"""The C kernels for CPU decode against torch references (engine/cpu_kernels)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from engine.attention.cpu_backend import CPUAttentionBackend
+from engine.attention.metadata import AttentionMetadata
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.cpu_kernels import library
+from engine.cpu_kernels.grid_matmul import grid_matmul, pack_codes
+from engine.kv.pool import PagedKVPool
+from engine.kv.sizing import KVLayout
+from engine.layers.cpu_grid_weights import GridWeight, pack_grid_weights, pack_if_on_grid
+
+pytestmark = pytest.mark.skipif(
+    bool(library.unavailable()), reason=f"CPU kernels: {library.unavailable()}"
+)
+GROUP = 32
+
+
+def _quantized_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """What the kernel computes: x quantized to int8 per group of 32, times the exact weight."""
+    groups = x.float().reshape(x.shape[0], -1, GROUP)
+    amax = groups.abs().amax(-1, keepdim=True)
+    step = amax / 127
+    xq = torch.round(groups * torch.where(amax > 0, 127 / amax, 0.0)).clamp(-128, 127)
+    return (xq * step).reshape(x.shape) @ weight.double().T.float()
+
+
+def _grid(rows: int, cols: int, bits: int, gen: torch.Generator):
+    levels = 2**bits
+    codes = torch.randint(0, levels, (rows, cols // GROUP, GROUP), generator=gen).float()
+    step = torch.rand(rows, cols // GROUP, 1, generator=gen) * 0.02 + 1e-3
+    offset = -step * (levels // 2) + torch.randn(rows, cols // GROUP, 1, generator=gen) * 1e-3
+    return codes, step, offset, (codes * step + offset).reshape(rows, cols)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows_x", [1, 5, 16, 37])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grid_matmul_is_the_exact_weight_times_int8_activations(bits, rows_x, dtype):
+    gen = torch.Generator().manual_seed(bits * 100 + rows_x)
+    rows, cols = 40, 96  # 40 rows: two full tiles of 16 and a masked one
+    codes, step, offset, weight = _grid(rows, cols, bits, gen)
+    packed, scales = pack_codes(codes, step, offset, bits)
+    bias = torch.randn(rows, generator=gen)
+    x = (torch.randn(rows_x, cols, generator=gen) * 3).to(dtype)
+    got = grid_matmul(x.contiguous(), packed, scales, bits, rows, bias)
+    assert got.dtype == dtype and got.shape == (rows_x, rows)
+    want = _quantized_reference(x, weight) + bias
+    # float32 accumulation order only; bf16 output adds its own rounding
+    tol = 2e-5 if dtype == torch.float32 else 8e-3
+    assert (got.float() - want).abs().max() <= tol * want.abs().max()
+    # and int8 activations stay close to the unquantized product
+    exact = x.float() @ weight.T + bias
+    assert (got.float() - exact).abs().max() <= 0.05 * exact.abs().max()
+
+
+def test_grid_matmul_of_no_rows_and_bad_input():
+    gen = torch.Generator().manual_seed(0)
+    codes, step, offset, _ = _grid(16, 64, 4, gen)
+    packed, scales = pack_codes(codes, step, offset, 4)
+    assert grid_matmul(torch.empty(0, 64), packed, scales, 4, 16, None).shape == (0, 16)
+    with pytest.raises(ValueError, match="contiguous float32 or bfloat16"):
+        grid_matmul(torch.zeros(2, 64, dtype=torch.float16), packed, scales, 4, 16, None)
+
+
+def _q4_1(rows, cols, gen):
+    step = (torch.rand(rows, cols // GROUP, 1, generator=gen) * 0.02 + 1e-3).half().float()
+    low = (-torch.rand(rows, cols // GROUP, 1, generator=gen) * 0.1).half().float()
+    q = torch.randint(0, 16, (rows, cols // GROUP, GROUP), generator=gen).float()
+    q[..., 0], q[..., 1] = 0, 15
+    return (step * q + low).reshape(rows, cols)
+
+
+def _q8_0(rows, cols, gen):
+    step = (torch.rand(rows, cols // GROUP, 1, generator=gen) * 0.01 + 1e-4).half().float()
+    q = torch.randint(-127, 128, (rows, cols // GROUP, GROUP), generator=gen).float()
+    q[..., 0] = 127
+    return (step * q).reshape(rows, cols)
+
+
+@pytest.mark.parametrize("make, grid", [(_q4_1, "4-bit"), (_q8_0, "8-bit")])
+def test_checkpoint_grids_pack_for_the_int8_kernel_any_row_count(make, grid):
+    gen = torch.Generator().manual_seed(5)
+    weight = make(40, 128, gen)  # 40 rows: torch's int4 packer could not take them
+    packed = pack_if_on_grid(weight, "int8")
+    assert isinstance(packed, GridWeight) and packed.grid == grid
+    x = torch.randn(9, 128, generator=gen)
+    want = _quantized_reference(x, weight)
+    assert (packed.matmul(x) - want).abs().max() <= 2e-5 * want.abs().max()
+    assert pack_if_on_grid(torch.randn(40, 128), "int8") is None
+    with pytest.raises(ValueError, match="unknown CPU kernel"):
+        pack_if_on_grid(weight, "int3")
+
+
+def test_int8_linear_keeps_its_bias_through_the_cast_and_any_batch_shape():
+    gen = torch.Generator().manual_seed(6)
+    linear = nn.Linear(128, 48, bias=True)
+    with torch.no_grad():
+        linear.weight.copy_(_q4_1(48, 128, gen))
+        linear.bias.copy_(torch.randn(48, generator=gen))
+    weight, bias = linear.weight.detach().clone(), linear.bias.detach().clone()
+    report = pack_grid_weights(linear, "int8")
+    assert report["4-bit"] == 1
+    linear.bfloat16()  # the engine casts after packing; the kernel keeps float32 bias
+    x = torch.randn(2, 3, 128, generator=gen).bfloat16()
+    got = linear(x)
+    assert got.shape == (2, 3, 48) and got.dtype == torch.bfloat16
+    want = _quantized_reference(x.reshape(6, 128), weight) + bias
+    assert (got.reshape(6, 48).float() - want).abs().max() <= 1e-2 * want.abs().max()
+
+
+def _filled_pool(kv_dtype, dtype, heads, dim, lens, gen, per_head=False):
+    layout = KVLayout(num_layers=2, kind="gqa", num_kv_heads=heads, head_dim=dim)
+    pool = PagedKVPool(layout, 64, 16, kv_dtype, per_head_scales=per_head)
+    order = torch.randperm(64 * 16, generator=gen)
+    contexts = [order[i * 300 : i * 300 + n] for i, n in enumerate(lens)]
+    for layer in range(2):
+        for slots in contexts:
+            k = (torch.randn(len(slots), heads, dim, generator=gen) * 2).to(dtype)
+            v = torch.randn(len(slots), heads, dim, generator=gen).to(dtype)
+            pool.write(layer, k, v, slots)
+    last = torch.stack([c[-1] for c in contexts])
+    meta = AttentionMetadata.build([1] * len(lens), lens, last, contexts, torch.device("cpu"))
+    return pool, meta
+
+
+@pytest.mark.parametrize(
+    "kv_dtype, dtype, per_head",
+    [
+        ("bf16", torch.float32, False),
+        ("bf16", torch.bfloat16, False),
+        ("fp8_e4m3", torch.float32, False),
+        ("fp8_e4m3", torch.bfloat16, False),
+        ("fp8_e4m3", torch.float32, True),
+        ("float32", torch.float32, False),
+    ],
+)
+@pytest.mark.parametrize("q_heads, kv_heads, dim", [(9, 3, 64), (4, 4, 32), (8, 1, 128)])
+def test_paged_decode_matches_the_torch_backend(kv_dtype, dtype, per_head, q_heads, kv_heads, dim):
+    gen = torch.Generator().manual_seed(q_heads * dim)
+    lens = [1, 17, 100, 33]
+    pool, meta = _filled_pool(kv_dtype, dtype, kv_heads, dim, lens, gen, per_head)
+    q = torch.randn(len(lens), q_heads, dim, generator=gen).to(dtype)
+    for layer in range(2):
+        want = TorchAttentionBackend._decode(layer, q, pool, meta, dim**-0.5)
+        got = CPUAttentionBackend()._decode(layer, q, pool, meta, dim**-0.5)
+        assert got.dtype == dtype and got.shape == want.shape
+        tol = 2e-6 if dtype == torch.float32 else 1e-2
+        assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max()
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
+def test_a_model_decodes_the_same_tokens_on_the_cpu_backend(tiny_llama_dir, kv, monkeypatch):
+    from engine import LLM, SamplingParams
+    from engine.attention import cpu_backend
+
+    calls = []
+    kernel = cpu_backend.paged_decode
+    monkeypatch.setattr(
+        cpu_backend, "paged_decode", lambda *a, **k: calls.append(1) or kernel(*a, **k)
+    )
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    prompts = [[5, 17, 42, 99, 3, 250, 7], [61, 88, 130, 12, 33, 301, 4, 76, 200, 9, 14]]
+
+    def run(backend):
+        llm = LLM(
+            str(tiny_llama_dir), dtype="float32", kv_cache_dtype=kv, attention_backend=backend
+        )
+        assert llm.engine.runner.backend.name == backend
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+    expected = run("torch")
+    assert run("cpu") == expected
+    assert len(calls) >= 2 * 5  # two layers, five decode steps
+
+
+def test_cpu_kernel_choice_falls_back_or_says_why(tiny_llama_dir, monkeypatch):
+    import engine.engine as engine_module
+    from engine import LLM
+    from engine.errors import EngineError
+
+    monkeypatch.setattr(engine_module, "cpu_kernels_unavailable", lambda: "no compiler (test)")
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", kv_cache_dtype="bf16")
+    assert llm.engine.cpu_kernel == "bf16"  # auto: torch's kernels
+    with pytest.raises(EngineError, match="--cpu-kernel int8 cannot run here: no compiler"):
+        LLM(str(tiny_llama_dir), dtype="bfloat16", kv_cache_dtype="bf16", cpu_kernel="int8")
+
+
+def test_kernels_off_by_environment(monkeypatch):
+    library._load.cache_clear()
+    monkeypatch.setenv("RESIDENT_CPU_KERNELS", "0")
+    try:
+        assert library.unavailable() == "RESIDENT_CPU_KERNELS=0"
+        with pytest.raises(RuntimeError, match="CPU kernels unavailable"):
+            library.library()
+    finally:
+        library._load.cache_clear()
+
+
+def test_a_failing_compiler_leaves_the_kernels_off_with_its_message(monkeypatch, tmp_path):
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\necho 'cc: error: no such thing' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    library._load.cache_clear()
+    try:
+        reason = library.unavailable()
+        assert reason.startswith("building the CPU kernels failed") and "no such thing" in reason
+        assert not list((tmp_path / "cache" / "resident" / "kernels").glob("*.so"))
+    finally:
+        library._load.cache_clear()
