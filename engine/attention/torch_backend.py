@@ -88,11 +88,12 @@ class TorchAttentionBackend:
         return out.view(batch, -1, values.shape[-1]).to(q.dtype)
 
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
 def get_backend(name: str, deterministic: bool = False, device: torch.device | str | None = None):
-    """The attention backend called `name`: torch, triton, or auto (triton on CUDA, else torch).
+    """The attention backend called `name`: torch, cpu, triton, or auto (triton on CUDA,
+    else cpu where its C kernels build and run, else torch).
 
     `device` is where the model runs; without it "auto" asks whether CUDA is
     available and falls back to torch for CPU tensors at run time. Deterministic
@@ -114,12 +115,14 @@ def get_backend(name: str, deterministic: bool = False, device: torch.device | s
         return DeterministicAttentionBackend()
     if name == "torch":
         return TorchAttentionBackend()
+    if name == "cpu":
+        return _cpu_backend(required=True)
     from engine.attention.triton import interpreting, triton_available
 
     on_cuda = torch.device(device).type == "cuda" if device is not None else None
     if name == "auto":
         if not (on_cuda if on_cuda is not None else torch.cuda.is_available()):
-            return TorchAttentionBackend()
+            return _cpu_backend(required=False)
         if not triton_available():
             return TorchAttentionBackend()
         from engine.attention.triton.backend import TritonAttentionBackend
@@ -138,3 +141,20 @@ def get_backend(name: str, deterministic: bool = False, device: torch.device | s
     from engine.attention.triton.backend import TritonAttentionBackend
 
     return TritonAttentionBackend()
+
+
+def _cpu_backend(required: bool):
+    """The CPU backend (C decode kernel), or the torch one where its kernels cannot run."""
+    from engine.cpu_kernels.library import unavailable
+    from engine.errors import EngineError
+
+    reason = unavailable()
+    if reason:
+        if required:
+            raise EngineError(
+                f"attention backend 'cpu' cannot run here: {reason}; use --attention-backend torch"
+            )
+        return TorchAttentionBackend()
+    from engine.attention.cpu_backend import CPUAttentionBackend
+
+    return CPUAttentionBackend()

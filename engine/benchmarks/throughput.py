@@ -36,7 +36,8 @@ def _chat_ids(tokenizer, text: str) -> list[int]:
 def _engine_run(model: str, kv: str, prompts: list[list[int]], max_tokens: int) -> dict:
     from engine import LLM, SamplingParams
 
-    llm = LLM(model, kv_cache_dtype=kv)
+    # The backend `resident serve` and the agent run with (auto), not LLM's reference default.
+    llm = LLM(model, kv_cache_dtype=kv, attention_backend="auto")
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     llm.generate([prompts[0]], params)  # warm-up: the same run once, untimed
     start = time.perf_counter()
@@ -52,6 +53,8 @@ def _engine_run(model: str, kv: str, prompts: list[list[int]], max_tokens: int) 
         "batch_tok_s": batch_tokens / batch_s,
         "kv_bytes_per_token": llm.engine.pool.layout.values_per_token
         * llm.engine.pool.storage.element_size(),
+        "attention_backend": llm.engine.runner.backend.name,
+        "cpu_kernel": llm.engine.cpu_kernel,
     }
 
 

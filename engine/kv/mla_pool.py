@@ -67,7 +67,8 @@ class MLALatentPool(PagedPoolBase):
         shape = (layout.num_layers, num_pages * page_size, layout.latent_dim)
         # uint8 for fp8: index_copy_/index_select are not defined for float8 on
         # every torch build, and the bytes are the same.
-        self.storage = torch.empty(shape, dtype=self.storage_dtype, device=self.device)
+        # Zeros: padded rows read slot 0 with zero weight, and 0 * NaN is NaN.
+        self.storage = torch.zeros(shape, dtype=self.storage_dtype, device=self.device)
         self.latent_scale = torch.ones(layout.num_layers, dtype=torch.float32)
         self.rope_scale = torch.ones(layout.num_layers, dtype=torch.float32)
         self.scale_source = scale_source if self.is_fp8 else "none"

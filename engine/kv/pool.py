@@ -46,7 +46,9 @@ class PagedKVPool(PagedPoolBase):
         super().__init__(layout, num_pages, page_size, kv_dtype, device)
         num_slots = num_pages * page_size
         shape = (layout.num_layers, num_slots, 2, layout.num_kv_heads, layout.head_dim)
-        self.storage = torch.empty(shape, dtype=self.storage_dtype, device=self.device)
+        # Zeros, not garbage: padded decode rows read slot 0 and multiply it by a zero
+        # probability, and 0 * NaN from uninitialised memory would be NaN.
+        self.storage = torch.zeros(shape, dtype=self.storage_dtype, device=self.device)
         self.per_head = bool(per_head_scales)
         scale_shape = (
             (layout.num_layers, layout.num_kv_heads) if self.per_head else layout.num_layers
@@ -115,7 +117,7 @@ class PagedKVPool(PagedPoolBase):
 
     def _forget_cached_scales(self) -> None:
         self._scale_cache: dict[int, torch.Tensor] = {}
-        self._factor_cache: dict[int, tuple] = {}
+        self._factor_cache: dict[object, tuple] = {}
 
     def _calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if self.per_head:
@@ -127,6 +129,7 @@ class PagedKVPool(PagedPoolBase):
         self._calibrated[layer] = True
         self._scale_cache.pop(layer, None)
         self._factor_cache.pop(layer, None)
+        self._factor_cache.pop(("per_head", layer), None)
         if all(self._calibrated):
             log.info(
                 "KV scales calibrated from the first prefill (%s): K %.4g..%.4g, V %.4g..%.4g",
@@ -175,6 +178,20 @@ class PagedKVPool(PagedPoolBase):
                     float(self.v_scale[layer]) * HALF_TRICK_FACTOR,
                 )
             self._factor_cache[layer] = cached
+        return cached
+
+    def head_factors(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_factors` as float32 [kv_heads] tensors on the CPU (what CPU kernels take)."""
+        key = ("per_head", layer)
+        cached = self._factor_cache.get(key)
+        if cached is None:
+            heads = self.layout.num_kv_heads
+            factors = self._factors(layer) if self.is_fp8 else (1.0, 1.0)
+            cached = tuple(
+                torch.as_tensor(f, dtype=torch.float32).reshape(-1).expand(heads).contiguous().cpu()
+                for f in factors
+            )
+            self._factor_cache[key] = cached
         return cached
 
     def gather(

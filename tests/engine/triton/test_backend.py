@@ -19,14 +19,23 @@ cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU 
 
 
 @cpu_only
-def test_auto_is_torch_on_cpu():
-    assert type(get_backend("auto")) is TorchAttentionBackend
-    assert type(get_backend("auto", device="cpu")) is TorchAttentionBackend
+def test_auto_on_cpu_is_the_cpu_kernels_where_they_run_else_torch(monkeypatch):
+    from engine.attention.cpu_backend import CPUAttentionBackend
+    from engine.cpu_kernels import library
+
+    expected = TorchAttentionBackend if library.unavailable() else CPUAttentionBackend
+    assert type(get_backend("auto")) is expected
+    assert type(get_backend("auto", device="cpu")) is expected
     assert type(get_backend("auto", deterministic=True)) is DeterministicAttentionBackend
+    assert type(get_backend("torch")) is TorchAttentionBackend
+    monkeypatch.setattr(library, "unavailable", lambda: "no compiler (test)")
+    assert type(get_backend("auto")) is TorchAttentionBackend
+    with pytest.raises(EngineError, match="'cpu' cannot run here: no compiler"):
+        get_backend("cpu")
 
 
 def test_unknown_and_conflicting_choices_are_clear_errors():
-    with pytest.raises(EngineError, match="use one of auto, torch, triton"):
+    with pytest.raises(EngineError, match="use one of auto, torch, cpu, triton"):
         get_backend("magic")
     with pytest.raises(EngineError, match="--deterministic"):
         get_backend("triton", deterministic=True)

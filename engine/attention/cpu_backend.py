@@ -1,0 +1,41 @@
+"""The CPU attention backend: the torch backend, with decode steps in a C kernel.
+
+A decode step has one query per sequence over its whole cached context. The
+torch path gathers every context slot into a dense tensor, converts it (FP8
+bytes through a bit trick, then to float32) and runs two batched products;
+at 16 sequences that is most of a step's non-GEMM time. The kernel
+(engine/cpu_kernels/paged_decode.c) reads K and V rows in place from the
+pages and does the same arithmetic in float32. Prefill and mixed steps, MLA
+pools, and layouts the kernel does not take stay on the torch path.
+"""
+
+from __future__ import annotations
+
+from engine.attention.metadata import AttentionMetadata
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.cpu_kernels.paged_decode import paged_decode, supports
+
+
+class CPUAttentionBackend(TorchAttentionBackend):
+    name = "cpu"
+
+    def _decode(self, layer, q, pool, meta: AttentionMetadata, softmax_scale: float):
+        storage = getattr(pool, "storage", None)
+        head_factors = getattr(pool, "head_factors", None)
+        if (
+            storage is None
+            or head_factors is None
+            or q.device.type != "cpu"
+            or not supports(storage[layer], q.shape[-1])
+        ):
+            return super()._decode(layer, q, pool, meta, softmax_scale)
+        k_factor, v_factor = head_factors(layer)
+        return paged_decode(
+            q,
+            storage[layer],
+            meta.context_slots,
+            meta.context_len_tensor,
+            k_factor,
+            v_factor,
+            softmax_scale,
+        )
