@@ -30,6 +30,7 @@ from engine.kv.scales import (
 )
 from engine.kv.sizing import capacity_tokens, kv_bytes_per_token
 from engine.layers.batch_invariant import make_linear_layers_batch_invariant
+from engine.layers.cpu_fused import use_cpu_layer_kernels
 from engine.layers.cpu_grid_weights import pack_grid_weights
 from engine.loader import cast_parameters, load_model
 from engine.outputs import CompletionOutput, RequestOutput
@@ -168,6 +169,9 @@ class LLMEngine:
         self.cpu_kernel = self._resolve_cpu_kernel()
         report = pack_grid_weights(self.model, self.cpu_kernel)
         cast_parameters(self.model, self.dtype)
+        if not cpu_kernels_unavailable():
+            routed = use_cpu_layer_kernels(self.model)
+            log.info("CPU layer kernels: %s", ", ".join(f"{n} {k}" for k, n in routed.items()))
         log.info(
             "CPU packed weights (%s activations): %d on a 4-bit grid, %d on an 8-bit grid, "
             "%d dense, %.3f GiB",

@@ -5,7 +5,8 @@ torch path gathers every context slot into a dense tensor, converts it (FP8
 bytes through a bit trick, then to float32) and runs two batched products;
 at 16 sequences that is most of a step's non-GEMM time. The kernel
 (engine/cpu_kernels/paged_decode.c) reads K and V rows in place from the
-pages and does the same arithmetic in float32. Prefill and mixed steps, MLA
+pages and does the same arithmetic in float32; new K/V go into the pages in one
+call too (kv_write.c, FP8 bytes equal to the pool's own write). Prefill and mixed steps, MLA
 pools, and layouts the kernel does not take stay on the torch path.
 """
 
@@ -13,11 +14,24 @@ from __future__ import annotations
 
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import TorchAttentionBackend
-from engine.cpu_kernels.paged_decode import paged_decode, supports
+from engine.cpu_kernels.paged_decode import kv_write, paged_decode, supports
 
 
 class CPUAttentionBackend(TorchAttentionBackend):
     name = "cpu"
+
+    def write(self, layer, k, v, pool, meta: AttentionMetadata) -> None:
+        """New K/V into the pages in one C call (FP8: the same bytes as the pool's write)."""
+        write_scales = getattr(pool, "write_scales", None)
+        scales = write_scales(layer) if write_scales is not None else None
+        storage = getattr(pool, "storage", None)
+        if (
+            scales is None
+            or k.device.type != "cpu"
+            or not supports(storage[layer], k.shape[-1])
+            or not kv_write(k, v, meta.slot_mapping, storage[layer], *scales)
+        ):
+            pool.write(layer, k, v, meta.slot_mapping)
 
     def _decode(self, layer, q, pool, meta: AttentionMetadata, softmax_scale: float):
         storage = getattr(pool, "storage", None)

@@ -30,7 +30,7 @@ class TorchAttentionBackend:
         softmax_scale: float,
     ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> attention output [T, Hq, Dv]."""
-        pool.write(layer, k, v, meta.slot_mapping)
+        self.write(layer, k, v, pool, meta)
         if meta.decode_only:
             return self._decode(layer, q, pool, meta, softmax_scale)
         keys, values, k_factor, v_factor = pool.gather(layer, meta.context_slots, q.dtype)
@@ -55,6 +55,9 @@ class TorchAttentionBackend:
             out = out * v_factor
         out = out.transpose(1, 2).flatten(0, 1)  # [B*Q, Hq, Dv]
         return out[meta.output_index]
+
+    def write(self, layer, k, v, pool, meta: AttentionMetadata) -> None:
+        pool.write(layer, k, v, meta.slot_mapping)
 
     @staticmethod
     def per_query_head(factor: torch.Tensor, num_heads: int) -> torch.Tensor:

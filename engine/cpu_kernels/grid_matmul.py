@@ -49,11 +49,16 @@ def grid_matmul(
     bits: int,
     rows: int,
     bias: torch.Tensor | None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """x [M, K] (float32 or bf16, contiguous) times the packed weight [rows, K]^T -> [M, rows]."""
+    """x [M, K] (float32 or bf16, contiguous) times the packed weight [rows, K]^T -> [M, rows],
+    in `out_dtype` (float32 or bf16; x's dtype by default)."""
     if x.dtype not in (torch.float32, torch.bfloat16) or not x.is_contiguous():
         raise ValueError("grid_matmul takes a contiguous float32 or bfloat16 x")
-    out = torch.empty(x.shape[0], rows, dtype=x.dtype)
+    out_dtype = out_dtype or x.dtype
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError("grid_matmul writes float32 or bfloat16")
+    out = torch.empty(x.shape[0], rows, dtype=out_dtype)
     if x.shape[0] == 0:
         return out
     is_bf16 = int(x.dtype == torch.bfloat16)
@@ -68,7 +73,7 @@ def grid_matmul(
         rows,
         None if bias is None else bias.data_ptr(),
         out.data_ptr(),
-        is_bf16,
+        int(out_dtype == torch.bfloat16),
         torch.get_num_threads(),
     )
     if status != 0:

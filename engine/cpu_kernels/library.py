@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
+HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 _FLAGS = [
     "-O3",
     "-mavx512f",
@@ -51,6 +52,19 @@ _SIGNATURES = {
         *(_PTR, _INT, _PTR, _INT, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR),
         *(_FLOAT, _PTR, _INT, _INT),
     ],
+    # k, v, in_bf16, tokens, heads, D, k_stride, v_stride, slots, storage, kind,
+    # k_scale, v_scale, threads
+    "kv_write": [
+        *(_PTR, _PTR, _INT, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR, _INT, _PTR, _PTR, _INT)
+    ],
+    # x, residual, weight, eps, out, rows, hidden, threads
+    "rms_norm": [_PTR, _PTR, _PTR, _FLOAT, _PTR, _I64, _I64, _INT],
+    # gate_up, out, rows, width, threads
+    "silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
+    # x, rows, dim, stride, block, threads
+    "hadamard": [_PTR, _I64, _I64, _I64, _I64, _INT],
+    # x, tokens, heads, head_dim, stride, positions, cos, sin, rot_dim, interleaved, threads
+    "rope": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _INT, _INT],
 }
 
 
@@ -80,7 +94,7 @@ def _build(compiler: str) -> Path:
         [compiler, "--version"], capture_output=True, text=True, check=False
     ).stdout
     digest = hashlib.sha256(" ".join(_FLAGS).encode() + version.encode())
-    for source in SOURCES:
+    for source in SOURCES + HEADERS:
         digest.update(source.name.encode() + source.read_bytes())
     target = kernels_dir() / f"resident-cpu-{digest.hexdigest()[:16]}.so"
     if target.is_file():

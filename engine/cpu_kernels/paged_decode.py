@@ -1,4 +1,5 @@
-"""Decode attention that reads the paged GQA cache in place (paged_decode.c)."""
+"""Decode attention that reads the paged GQA cache in place, and the write of new K/V
+into it (paged_decode.c, kv_write.c)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,49 @@ def supports(storage: torch.Tensor, head_dim: int) -> bool:
         and head_dim % 16 == 0
         and head_dim <= MAX_HEAD_DIM
     )
+
+
+def _heads_contiguous(x: torch.Tensor) -> bool:
+    return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
+
+def kv_write(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor,
+    storage: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+) -> bool:
+    """Store k, v [tokens, kv_heads, D] at `slots` of one layer's storage, quantizing to
+    FP8 with the float32 [kv_heads] scales when the storage holds bytes. False (nothing
+    written) for inputs the kernel does not take."""
+    if not (
+        k.dtype == v.dtype
+        and k.dtype in (torch.float32, torch.bfloat16)
+        and _heads_contiguous(k)
+        and _heads_contiguous(v)
+        and slots.dtype == torch.int64
+        and slots.is_contiguous()
+    ):
+        return False
+    library().kv_write(
+        k.data_ptr(),
+        v.data_ptr(),
+        int(k.dtype == torch.bfloat16),
+        k.shape[0],
+        k.shape[1],
+        k.shape[2],
+        k.stride(0),
+        v.stride(0),
+        slots.data_ptr(),
+        storage.data_ptr(),
+        _KINDS[storage.dtype],
+        k_scale.data_ptr(),
+        v_scale.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return True
 
 
 def paged_decode(

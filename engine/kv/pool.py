@@ -130,6 +130,7 @@ class PagedKVPool(PagedPoolBase):
         self._scale_cache.pop(layer, None)
         self._factor_cache.pop(layer, None)
         self._factor_cache.pop(("per_head", layer), None)
+        self._factor_cache.pop(("write", layer), None)
         if all(self._calibrated):
             log.info(
                 "KV scales calibrated from the first prefill (%s): K %.4g..%.4g, V %.4g..%.4g",
@@ -178,6 +179,22 @@ class PagedKVPool(PagedPoolBase):
                     float(self.v_scale[layer]) * HALF_TRICK_FACTOR,
                 )
             self._factor_cache[layer] = cached
+        return cached
+
+    def write_scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """K and V scales [kv_heads] (float32, CPU) for writing a layer as `write` would,
+        or None while `write` has more to do than quantize (calibrating, observing)."""
+        if not self._calibrated[layer] or self._observed is not None:
+            return None
+        key = ("write", layer)
+        cached = self._factor_cache.get(key)
+        if cached is None:
+            heads = self.layout.num_kv_heads
+            cached = tuple(
+                s[layer].float().reshape(-1).expand(heads).contiguous().cpu()
+                for s in (self.k_scale, self.v_scale)
+            )
+            self._factor_cache[key] = cached
         return cached
 
     def head_factors(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -123,8 +123,8 @@ class GridWeight:
     def nbytes(self) -> int:
         return self.codes.numel() + self.scales.numel() * 4
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return grid_matmul(x, self.codes, self.scales, self.bits, self.rows, self.bias)
+    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        return grid_matmul(x, self.codes, self.scales, self.bits, self.rows, self.bias, out_dtype)
 
 
 def _grid_four_bit(q: torch.Tensor, step: torch.Tensor, lo: torch.Tensor) -> GridWeight:

@@ -215,3 +215,58 @@ def test_a_failing_compiler_leaves_the_kernels_off_with_its_message(monkeypatch,
         assert not list((tmp_path / "cache" / "resident" / "kernels").glob("*.so"))
     finally:
         library._load.cache_clear()
+
+
+def _awkward_values(shape, gen) -> torch.Tensor:
+    """Normal values, tiny ones (FP8 subnormals), huge ones (saturate), exact zeros of both signs."""
+    x = torch.randn(shape, generator=gen) * 4
+    flat = x.view(-1)
+    n = flat.numel()
+    flat[: n // 4] *= 1e-3  # around and below the smallest FP8 normal once scaled
+    flat[n // 4 : n // 3] *= 1e3  # far past 448
+    flat[-4:] = torch.tensor([0.0, -0.0, 448.0, -1e30])
+    return x
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "bf16", "float32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per_head", [False, True])
+def test_kv_write_stores_the_same_bytes_as_the_pool(kv_dtype, dtype, per_head):
+    from engine.cpu_kernels.paged_decode import kv_write
+
+    gen = torch.Generator().manual_seed(11)
+    heads, dim, tokens = 3, 64, 40
+    layout = KVLayout(num_layers=1, kind="gqa", num_kv_heads=heads, head_dim=dim)
+    pools = [PagedKVPool(layout, 8, 16, kv_dtype, per_head_scales=per_head) for _ in range(2)]
+    scales = (
+        torch.rand(1, heads, generator=gen) * 0.05 + 0.01 if per_head else torch.tensor([0.037])
+    )
+    for pool in pools:
+        pool.set_scales(scales, scales * 0.5, "test")
+    # k and v as views into one fused tensor, the way attention hands them over
+    qkv = _awkward_values((tokens, 2 * heads + 4, dim), gen).to(dtype)
+    k, v = qkv[:, 4 : 4 + heads], qkv[:, 4 + heads :]
+    slots = torch.randperm(8 * 16, generator=gen)[:tokens]
+    pools[0].write(0, k, v, slots)
+    assert kv_write(k, v, slots, pools[1].storage[0], *pools[1].write_scales(0))
+    assert torch.equal(pools[0].storage.view(torch.uint8), pools[1].storage.view(torch.uint8))
+
+
+def test_every_float_rounds_to_the_fp8_byte_torch_gives():
+    """All float32 values with 16 significant bits (every bfloat16 and the midpoints and
+    near-midpoints between FP8 codes) through the kernel's conversion, against torch."""
+    from engine.cpu_kernels.paged_decode import kv_write
+
+    bits = torch.arange(0, 2**16, dtype=torch.int64)
+    values = torch.cat([(bits << 16) + offset for offset in (0, 0x7FFF, 0x8000, 0x8001, 0xFFFF)])
+    x = values.to(torch.int32).view(torch.float32)
+    x = x[~x.isnan()]
+    x = x[: x.numel() // 64 * 64].view(-1, 1, 64)
+    layout = KVLayout(num_layers=1, kind="gqa", num_kv_heads=1, head_dim=64)
+    pools = [PagedKVPool(layout, x.shape[0] // 16 + 1, 16, "fp8_e4m3") for _ in range(2)]
+    for pool in pools:
+        pool.set_scales(torch.tensor([1.0]), torch.tensor([1.0]), "test")
+    slots = torch.arange(x.shape[0])
+    pools[0].write(0, x, x, slots)
+    assert kv_write(x, x, slots, pools[1].storage[0], *pools[1].write_scales(0))
+    assert torch.equal(pools[0].storage, pools[1].storage)
