@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.cpu_kernels.argmax import row_argmax
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence, TokenLogprob
 
@@ -66,7 +67,7 @@ class Sampler:
         logits = logits.float().cpu()
         # One argmax over the batch: per-row calls cost as much as a layer at batch 16.
         greedy = any(seq.params.greedy for seq in seqs)
-        argmax = logits.argmax(-1).tolist() if greedy else []
+        argmax = row_argmax(logits).tolist() if greedy else []
         results: list[tuple[int, TokenLogprob | None]] = []
         for index, (row, seq) in enumerate(zip(logits, seqs, strict=True)):
             params = seq.params

@@ -57,6 +57,8 @@ _SIGNATURES = {
     "kv_write": [
         *(_PTR, _PTR, _INT, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR, _INT, _PTR, _PTR, _INT)
     ],
+    # x, rows, cols, out, threads
+    "argmax_rows": [_PTR, _I64, _I64, _PTR, _INT],
     # x, residual, weight, eps, out, rows, hidden, threads
     "rms_norm": [_PTR, _PTR, _PTR, _FLOAT, _PTR, _I64, _I64, _INT],
     # gate_up, out, rows, width, threads

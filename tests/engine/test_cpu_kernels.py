@@ -270,3 +270,21 @@ def test_every_float_rounds_to_the_fp8_byte_torch_gives():
     pools[0].write(0, x, x, slots)
     assert kv_write(x, x, slots, pools[1].storage[0], *pools[1].write_scales(0))
     assert torch.equal(pools[0].storage, pools[1].storage)
+
+
+def test_row_argmax_answers_as_torch_does_ties_nan_and_infinities():
+    from engine.cpu_kernels.argmax import row_argmax
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(9, 1000 + 7, generator=gen)  # a ragged last block
+    logits[1, [5, 600, 900]] = 50.0  # ties: the first wins
+    logits[2, 1006] = 60.0  # in the ragged tail
+    logits[3] = float("-inf")  # all -inf: index 0
+    logits[4, 17] = float("nan")  # a NaN wins
+    logits[4, 30] = float("inf")
+    logits[5, 100] = float("inf")
+    logits[6] = 0.0  # all equal
+    logits[7, 300:] = 3.0  # equal maxima spread over lanes
+    got = row_argmax(logits)
+    assert torch.equal(got, logits.argmax(-1))
+    assert torch.equal(row_argmax(logits[:, :5].contiguous()), logits[:, :5].argmax(-1))
