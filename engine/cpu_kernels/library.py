@@ -57,6 +57,9 @@ _SIGNATURES = {
     "kv_write": [
         *(_PTR, _PTR, _INT, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR, _INT, _PTR, _PTR, _INT)
     ],
+    # model, layers, count, x, tokens, positions, slot_mapping, context_slots,
+    # context_len, lens, threads
+    "decode_layers": [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _INT],
     # x, rows, cols, out, threads
     "argmax_rows": [_PTR, _I64, _I64, _PTR, _INT],
     # x, residual, weight, eps, out, rows, hidden, threads

@@ -183,8 +183,9 @@ class PagedKVPool(PagedPoolBase):
 
     def write_scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """K and V scales [kv_heads] (float32, CPU) for writing a layer as `write` would,
-        or None while `write` has more to do than quantize (calibrating, observing)."""
-        if not self._calibrated[layer] or self._observed is not None:
+        or None while `write` has more to do than quantize (calibrating, observing).
+        A BF16 or float32 cache has nothing to calibrate: its scales are ones."""
+        if self.is_fp8 and (not self._calibrated[layer] or self._observed is not None):
             return None
         key = ("write", layer)
         cached = self._factor_cache.get(key)

@@ -71,6 +71,22 @@ def _hadamard_rotate(self: HadamardRotation, x: torch.Tensor) -> torch.Tensor:
     return layer_ops.hadamard_(x.contiguous().clone(), self.block)
 
 
+def _fuse_decode(model: nn.Module) -> int:
+    """Route decode steps of a Llama-family trunk through FusedDecode; 1 if it could."""
+    from engine.layers.cpu_decode_step import FusedDecode
+    from engine.models.llama import LlamaModel
+
+    trunk = getattr(model, "model", None)
+    if type(trunk) is not LlamaModel:
+        return 0
+    fused = FusedDecode.build(list(trunk.layers))
+    if fused is None:
+        return 0
+    trunk.fused_decode = fused
+    trunk.forward = types.MethodType(_trunk_forward, trunk)
+    return 1
+
+
 def _logits_forward(self, hidden: torch.Tensor) -> torch.Tensor:
     """The output head straight to float32 logits (no BF16 rounding and copy)."""
     packed = getattr(self.lm_head, "packed_weight", None)
@@ -80,10 +96,20 @@ def _logits_forward(self, hidden: torch.Tensor) -> torch.Tensor:
     return packed.matmul(flat, torch.float32).reshape(*hidden.shape[:-1], packed.rows)
 
 
+def _trunk_forward(self, input_ids, positions, ctx):
+    """Embed, then every layer in one C call on decode steps it covers, then the final norm."""
+    x = self.embed_tokens(input_ids)
+    if not self.fused_decode.run(x, positions, ctx):
+        for layer in self.layers:
+            x = layer(positions, x, ctx)
+    return self.norm(x)
+
+
 def use_cpu_layer_kernels(model: nn.Module) -> dict[str, int]:
     """Give the model's norms, MLPs, decoder layers, rotary tables and K/V rotations
     their C-kernel forwards; returns how many of each were routed."""
     counts = {"norm": 0, "mlp": 0, "layer": 0, "rotary": 0, "rotation": 0, "head": 0}
+    counts["fused decode"] = _fuse_decode(model)
     if isinstance(getattr(getattr(model, "lm_head", None), "packed_weight", None), GridWeight):
         model.compute_logits = types.MethodType(_logits_forward, model)
         counts["head"] = 1

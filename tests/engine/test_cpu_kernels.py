@@ -288,3 +288,31 @@ def test_row_argmax_answers_as_torch_does_ties_nan_and_infinities():
     got = row_argmax(logits)
     assert torch.equal(got, logits.argmax(-1))
     assert torch.equal(row_argmax(logits[:, :5].contiguous()), logits[:, :5].argmax(-1))
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3"])
+def test_fused_decode_steps_equal_the_per_module_path(kv):
+    """decode_layers runs the same kernels in the same order: identical tokens and logprobs."""
+    from engine import LLM, SamplingParams
+    from engine.model_store import default_model_dir, is_complete
+
+    if not is_complete(default_model_dir()):
+        pytest.skip("default model not pulled: resident models pull")
+    llm = LLM(str(default_model_dir()), kv_cache_dtype=kv, attention_backend="auto")
+    trunk = llm.engine.model.model
+    assert trunk.fused_decode is not None
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
+    prompts = ["The capital of France is", "def add(a, b):", "Once upon a time"]
+    calls = []
+    run = trunk.fused_decode.run
+    trunk.fused_decode.run = lambda *a: calls.append(1) or run(*a)
+    fused = llm.generate(prompts, params)
+    assert sum(calls) and len(calls) >= 11
+    trunk.fused_decode.run = lambda *a: False
+    llm.engine.prefix_cache.clear()  # recompute the prompts too
+    plain = llm.generate(prompts, params)
+    for a, b in zip(fused, plain, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert [t.logprob for t in a.outputs[0].logprobs] == [
+            t.logprob for t in b.outputs[0].logprobs
+        ]

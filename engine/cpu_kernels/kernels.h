@@ -1,0 +1,23 @@
+/* The kernels' entry points, for the ones that compose them (decode_layers.c). */
+#ifndef RESIDENT_KERNELS_H
+#define RESIDENT_KERNELS_H
+#include <stdint.h>
+
+int grid_matmul(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *weight,
+                const float *scales, int bits, int64_t N, const float *bias, void *out,
+                int out_bf16, int threads);
+int paged_decode(const void *q, int q_bf16, const uint8_t *kv, int kv_kind, const int64_t *slots,
+                 const int64_t *lens, int64_t B, int64_t L, int64_t Hq, int64_t Hkv, int64_t D,
+                 const float *k_factor, const float *v_factor, float softmax_scale, void *out,
+                 int out_bf16, int threads);
+int kv_write(const void *k, const void *v, int in_bf16, int64_t tokens, int64_t heads, int64_t D,
+             int64_t k_stride, int64_t v_stride, const int64_t *slots, uint8_t *storage, int kind,
+             const float *k_scale, const float *v_scale, int threads);
+int rms_norm(const uint16_t *x, uint16_t *residual, const uint16_t *weight, float eps,
+             uint16_t *out, int64_t rows, int64_t hidden, int threads);
+int silu_mul(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width, int threads);
+int hadamard(uint16_t *x, int64_t rows, int64_t dim, int64_t stride, int64_t block, int threads);
+int rope(uint16_t *x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t stride,
+         const int64_t *positions, const float *cos_table, const float *sin_table, int64_t rot_dim,
+         int interleaved, int threads);
+#endif

@@ -1,0 +1,213 @@
+"""All decoder layers of a decode step in one C call (engine/cpu_kernels/decode_layers.c).
+
+With the per-module CPU kernels (cpu_fused.py) a Llama-family decode step is
+a chain of C calls joined by Python: module calls, views, argument checks,
+ctypes conversions, about a quarter of a step at 16 rows of the default
+model. `FusedDecode` describes the model to C once (weight pointers, shapes)
+and hands each decode step to `decode_layers`, which runs the same kernels in
+the same order. Steps it does not cover (prefill, another attention backend,
+a pool still calibrating or observing) run the modules as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from engine.attention.cpu_backend import CPUAttentionBackend
+from engine.cpu_kernels.library import library
+from engine.cpu_kernels.paged_decode import _KINDS, supports
+from engine.kv.rotation import HadamardRotation
+from engine.layers.cpu_grid_weights import GridWeight
+from engine.models.base import PreNormDecoderLayer
+from engine.models.llama import GatedMLP, GQAAttention
+
+_PTR, _I64, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class _GridRef(ctypes.Structure):
+    _fields_ = [("codes", _PTR), ("scales", _PTR), ("bias", _PTR), ("rows", _I64), ("bits", _I64)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", _PTR),
+        ("post_norm", _PTR),
+        ("qkv", _GridRef),
+        ("o", _GridRef),
+        ("gate_up", _GridRef),
+        ("down", _GridRef),
+        ("kv", _PTR),
+        ("k_scale", _PTR),
+        ("v_scale", _PTR),
+        ("k_factor", _PTR),
+        ("v_factor", _PTR),
+    ]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        *((name, _I64) for name in ("hidden", "q_heads", "kv_heads", "head_dim", "intermediate")),
+        *((name, _I64) for name in ("rot_dim", "interleaved", "hadamard_block", "kv_kind")),
+        ("cos", _PTR),
+        ("sin", _PTR),
+        ("eps", _FLOAT),
+        ("softmax_scale", _FLOAT),
+    ]
+
+
+def _grid(linear: nn.Module) -> GridWeight | None:
+    packed = getattr(linear, "packed_weight", None)
+    return packed if isinstance(packed, GridWeight) else None
+
+
+def _ref(packed: GridWeight) -> _GridRef:
+    bias = packed.bias.data_ptr() if packed.bias is not None else None
+    return _GridRef(
+        packed.codes.data_ptr(), packed.scales.data_ptr(), bias, packed.rows, packed.bits
+    )
+
+
+class FusedDecode:
+    """The layers of one model, described for `decode_layers`; `run` takes a decode step."""
+
+    def __init__(self, layers: list[PreNormDecoderLayer]):
+        attn, mlp = layers[0].self_attn, layers[0].mlp
+        rotation = attn.kv_rotation
+        self.layers = layers
+        self.head_dim = attn.head_dim
+        self.model = _Model(
+            hidden=layers[0].input_layernorm.weight.numel(),
+            q_heads=attn.num_heads,
+            kv_heads=attn.num_kv_heads,
+            head_dim=attn.head_dim,
+            intermediate=_grid(mlp.gate_up_proj).rows // 2,
+            rot_dim=attn.rotary.rotary_dim,
+            interleaved=int(attn.rotary.interleaved),
+            hadamard_block=rotation.block if rotation is not None else 0,
+            cos=attn.rotary.cos.data_ptr(),
+            sin=attn.rotary.sin.data_ptr(),
+            eps=layers[0].input_layernorm.eps,
+            softmax_scale=attn.scale,
+        )
+        self._pool = None
+        self._scales: list = []
+        self._array = None
+
+    @classmethod
+    def build(cls, layers) -> FusedDecode | None:
+        """The fused form when every layer is one the C code implements, else None."""
+        if not layers or not all(type(layer) is PreNormDecoderLayer for layer in layers):
+            return None
+        first = layers[0].self_attn
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            rotation = attn.kv_rotation if type(attn) is GQAAttention else None
+            if not (
+                type(attn) is GQAAttention
+                and type(mlp) is GatedMLP
+                and all(_grid(m) is not None for m in (attn.qkv_proj, attn.o_proj))
+                and all(_grid(m) is not None for m in (mlp.gate_up_proj, mlp.down_proj))
+                and all(n.weight.dtype == torch.bfloat16 and n.eps == norms[0].eps for n in norms)
+                and norms[0].eps == layers[0].input_layernorm.eps
+                and attn.rotary is first.rotary
+                and (attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale)
+                == (first.num_heads, first.num_kv_heads, first.head_dim, first.scale)
+                and (rotation is None) == (first.kv_rotation is None)
+                and (
+                    rotation is None
+                    or (
+                        isinstance(rotation, HadamardRotation)
+                        and not rotation.batch_invariant
+                        and rotation.block == first.kv_rotation.block
+                        and not rotation.block & (rotation.block - 1)
+                    )
+                )
+                and _grid(attn.qkv_proj).rows
+                == (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim
+            ):
+                return None
+        rotary = first.rotary
+        if not (
+            rotary.cos.dtype == torch.float32
+            and rotary.cos.is_contiguous()
+            and rotary.sin.is_contiguous()
+            and first.head_dim % 16 == 0
+            and first.num_heads % first.num_kv_heads == 0
+        ):
+            return None
+        return cls(layers)
+
+    def _layer_array(self, pool, scales) -> ctypes.Array:
+        array = (_Layer * len(self.layers))()
+        for index, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            (k_scale, v_scale), (k_factor, v_factor) = scales[index]
+            array[index] = _Layer(
+                layer.input_layernorm.weight.data_ptr(),
+                layer.post_attention_layernorm.weight.data_ptr(),
+                _ref(_grid(attn.qkv_proj)),
+                _ref(_grid(attn.o_proj)),
+                _ref(_grid(mlp.gate_up_proj)),
+                _ref(_grid(mlp.down_proj)),
+                pool.storage[index].data_ptr(),
+                k_scale.data_ptr(),
+                v_scale.data_ptr(),
+                k_factor.data_ptr(),
+                v_factor.data_ptr(),
+            )
+        return array
+
+    def run(self, x: torch.Tensor, positions: torch.Tensor, ctx) -> bool:
+        """Run every layer on x [tokens, hidden] in place; False (x untouched) if not fusable."""
+        meta, pool = ctx.meta, ctx.pool
+        if not (
+            meta.decode_only
+            and type(ctx.backend) is CPUAttentionBackend
+            and x.dtype == torch.bfloat16
+            and x.is_contiguous()
+            and x.device.type == "cpu"
+            and hasattr(pool, "write_scales")
+            and supports(pool.storage[0], self.head_dim)
+            and pool.storage.shape[0] == len(self.layers)
+        ):
+            return False
+        scales = []
+        for index in range(len(self.layers)):
+            write = pool.write_scales(index)
+            if write is None:
+                return False
+            scales.append((write, pool.head_factors(index)))
+        # The scale tensors are cached by the pool; new objects mean new scales.
+        if (
+            pool is not self._pool
+            or any(
+                a is not b
+                for new, old in zip(scales, self._scales, strict=False)
+                for a, b in zip(new[0] + new[1], old[0] + old[1], strict=True)
+            )
+            or len(scales) != len(self._scales)
+        ):
+            self._array = self._layer_array(pool, scales)
+            self._pool, self._scales = pool, scales
+            self.model.kv_kind = _KINDS[pool.storage.dtype]
+        positions = positions if positions.dtype == torch.int64 else positions.long()
+        status = library().decode_layers(
+            ctypes.addressof(self.model),
+            ctypes.addressof(self._array),
+            len(self.layers),
+            x.data_ptr(),
+            x.shape[0],
+            positions.contiguous().data_ptr(),
+            meta.slot_mapping.data_ptr(),
+            meta.context_slots.data_ptr(),
+            meta.context_slots.shape[1],
+            meta.context_len_tensor.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise MemoryError("decode_layers could not allocate its scratch buffers")
+        return True
