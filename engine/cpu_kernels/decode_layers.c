@@ -44,10 +44,8 @@ static int product(const GridWeightRef *w, const uint16_t *x, int64_t rows, int6
 static void add_into(uint16_t *x, const uint16_t *y, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = tail_mask(n - i);
-        const __m512 a = _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x + i)), 16));
-        const __m512 b = _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, y + i)), 16));
+        const __m512 a = bf16x16_load_masked(x + i, m);
+        const __m512 b = bf16x16_load_masked(y + i, m);
         _mm256_mask_storeu_epi16(x + i, m, bf16x16_from(_mm512_add_ps(a, b)));
     }
 }

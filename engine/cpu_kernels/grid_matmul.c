@@ -14,36 +14,19 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "simd.h"
+
 #define GROUP 32
 #define TILE 16
 #define ROW_BLOCK 16
-
-static inline __m512 load16(const void *src, int bf16) {
-    if (!bf16) return _mm512_loadu_ps(src);
-    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
-static inline void store16(void *dst, __m512 v, int bf16, __mmask16 mask) {
-    if (!bf16) {
-        _mm512_mask_storeu_ps(dst, mask, v);
-        return;
-    }
-    /* round to nearest even, as torch's float -> bfloat16 cast */
-    __m512i bits = _mm512_castps_si512(v);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    bits = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
-    __m256i half = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16));
-    _mm256_mask_storeu_epi16(dst, mask, half);
-}
 
 /* One row: xq[k] int8, dx[g] = amax / 127, cx[g] = dx * sum(xq in group). */
 static void quantize_row(const void *x, int bf16, int64_t K, int8_t *xq, float *dx, float *cx) {
     const int elem = bf16 ? 2 : 4;
     for (int64_t g = 0; g < K / GROUP; g++) {
         const char *src = (const char *)x + g * GROUP * elem;
-        __m512 a = load16(src, bf16);
-        __m512 b = load16(src + TILE * elem, bf16);
+        __m512 a = row16_load(src, bf16);
+        __m512 b = row16_load(src + TILE * elem, bf16);
         __m512 amax = _mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b));
         float m = _mm512_reduce_max_ps(amax);
         float inv = m > 0.0f ? 127.0f / m : 0.0f;
@@ -128,7 +111,7 @@ int grid_matmul(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *
                 tile_rows(weight + t * tile_bytes, scales + t * groups * 2 * TILE, bits, groups,
                           xq + r0 * K, dx + r0 * groups, cx + r0 * groups, K, rows, acc);
                 for (int64_t r = 0; r < rows; r++)
-                    store16((char *)out + ((r0 + r) * N + n0) * out_elem,
+                    row16_store((char *)out + ((r0 + r) * N + n0) * out_elem,
                             _mm512_add_ps(_mm512_loadu_ps(acc + r * TILE), b), out_bf16, mask);
             }
         }

@@ -3,6 +3,9 @@
 #define RESIDENT_KERNELS_H
 #include <stdint.h>
 
+/* How a KV cache stores its values. */
+enum { KV_FLOAT32 = 0, KV_BF16 = 1, KV_FP8 = 2 };
+
 int grid_matmul(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *weight,
                 const float *scales, int bits, int64_t N, const float *bias, void *out,
                 int out_bf16, int threads);

@@ -7,9 +7,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "kernels.h"
 #include "simd.h"
-
-enum { KV_FLOAT32 = 0, KV_BF16 = 1, KV_FP8 = 2 };
 
 /* 16 float32 values (already clamped to +-448, or NaN) -> e4m3 bytes. */
 static inline __m128i e4m3x16(__m512 x) {

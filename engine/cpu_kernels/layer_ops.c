@@ -30,11 +30,6 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)((c.u + 0x7FFF + ((c.u >> 16) & 1)) >> 16);
 }
 
-static inline __m512 load_bf16_masked(const uint16_t *src, __mmask16 m) {
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src)), 16));
-}
-
 int rms_norm(const uint16_t *x, uint16_t *residual, const uint16_t *weight, float eps,
              uint16_t *out, int64_t rows, int64_t hidden, int threads) {
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) \
@@ -46,9 +41,9 @@ int rms_norm(const uint16_t *x, uint16_t *residual, const uint16_t *weight, floa
         __m512 squares = _mm512_setzero_ps();
         for (int64_t i = 0; i < hidden; i += 16) {
             const __mmask16 m = tail_mask(hidden - i);
-            __m512 v = load_bf16_masked(src + i, m);
+            __m512 v = bf16x16_load_masked(src + i, m);
             if (res) {
-                v = bf16x16_round(_mm512_add_ps(v, load_bf16_masked(res + i, m)));
+                v = bf16x16_round(_mm512_add_ps(v, bf16x16_load_masked(res + i, m)));
                 _mm256_mask_storeu_epi16(res + i, m, bf16x16_from(v));
             }
             squares = _mm512_fmadd_ps(v, v, squares);
@@ -58,8 +53,8 @@ int rms_norm(const uint16_t *x, uint16_t *residual, const uint16_t *weight, floa
         const uint16_t *values = res ? res : src;
         for (int64_t i = 0; i < hidden; i += 16) {
             const __mmask16 m = tail_mask(hidden - i);
-            const __m512 normed = bf16x16_round(_mm512_mul_ps(load_bf16_masked(values + i, m), scale));
-            const __m512 w = load_bf16_masked(weight + i, m);
+            const __m512 normed = bf16x16_round(_mm512_mul_ps(bf16x16_load_masked(values + i, m), scale));
+            const __m512 w = bf16x16_load_masked(weight + i, m);
             _mm256_mask_storeu_epi16(dst + i, m, bf16x16_from(_mm512_mul_ps(w, normed)));
         }
     }
@@ -74,10 +69,8 @@ int silu_mul(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width
         uint16_t *dst = out + r * width;
         for (int64_t i = 0; i < width; i += 16) {
             const __mmask16 m = tail_mask(width - i);
-            const __m512 g = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, gate + i)), 16));
-            const __m512 u = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, up + i)), 16));
+            const __m512 g = bf16x16_load_masked(gate + i, m);
+            const __m512 u = bf16x16_load_masked(up + i, m);
             const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
             const __m512 act = bf16x16_round(_mm512_div_ps(g, _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
             _mm256_mask_storeu_epi16(dst + i, m, bf16x16_from(_mm512_mul_ps(act, u)));

@@ -14,35 +14,17 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "kernels.h"
 #include "simd.h"
-
-enum { KV_FLOAT32 = 0, KV_BF16 = 1, KV_FP8 = 2 };
 
 static inline __m512 load_row16(const uint8_t *src, int kind) {
     if (kind == KV_FLOAT32) return _mm512_loadu_ps(src);
-    if (kind == KV_BF16) {
-        __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-    }
+    if (kind == KV_BF16) return bf16x16_load(src);
     __m256i bits = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)src));
     bits = _mm256_and_si256(_mm256_slli_epi16(bits, 7), _mm256_set1_epi16((short)0xBF80));
     return _mm512_cvtph_ps(bits);
 }
 
-static inline __m512 load_bf16_or_f32(const void *src, int bf16) {
-    return load_row16(src, bf16 ? KV_BF16 : KV_FLOAT32);
-}
-
-static inline void store_row16(void *dst, __m512 v, int bf16) {
-    if (!bf16) {
-        _mm512_storeu_ps(dst, v);
-        return;
-    }
-    __m512i bits = _mm512_castps_si512(v);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    bits = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
-    _mm256_storeu_si256(dst, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
-}
 
 /* One sequence, one KV head: out[g] for its `group` query heads. */
 static void attend(const float *q, int64_t group, int64_t D, const uint8_t *kv, int kind,
@@ -96,8 +78,8 @@ static void attend(const float *q, int64_t group, int64_t D, const uint8_t *kv, 
     for (int64_t g = 0; g < group; g++) {
         const __m512 norm = _mm512_set1_ps(v_factor / totals[g]);
         for (int64_t c = 0; c < chunks; c++)
-            store_row16((char *)out + (g * D + c * 16) * out_elem,
-                        _mm512_mul_ps(_mm512_loadu_ps(acc + g * D + c * 16), norm), out_bf16);
+            row16_store((char *)out + (g * D + c * 16) * out_elem,
+                        _mm512_mul_ps(_mm512_loadu_ps(acc + g * D + c * 16), norm), out_bf16, 0xFFFF);
     }
 }
 
@@ -187,8 +169,8 @@ static void softmax_rows(float *scores, int64_t rows, int64_t len, float *totals
         for (int g = 0; g < GS; g++) {                                                               \
             const __m512 norm = _mm512_set1_ps(v_factor / totals[g]);                                \
             for (int c = 0; c < CH; c++)                                                             \
-                store_row16((char *)out + (g * D + c * 16) * out_elem,                               \
-                            _mm512_mul_ps(acc[g][c], norm), out_bf16);                               \
+                row16_store((char *)out + (g * D + c * 16) * out_elem,                               \
+                            _mm512_mul_ps(acc[g][c], norm), out_bf16, 0xFFFF);                               \
         }                                                                                            \
     }
 
@@ -237,7 +219,7 @@ int paged_decode(const void *q, int q_bf16, const uint8_t *kv, int kv_kind, cons
                 for (int64_t c = 0; c < D / 16; c++) {
                     const char *src = (const char *)q + ((b * Hq + h * group + g) * D + c * 16) * q_elem;
                     _mm512_storeu_ps(qf + g * D + c * 16,
-                                     _mm512_mul_ps(load_bf16_or_f32(src, q_bf16), _mm512_set1_ps(qscale)));
+                                     _mm512_mul_ps(row16_load(src, q_bf16), _mm512_set1_ps(qscale)));
                 }
             char *dst = (char *)out + (b * Hq + h * group) * D * out_elem;
             if (D == 64 || D == 128) {

@@ -8,14 +8,14 @@ import torch
 from engine.cpu_kernels.library import library
 
 MAX_HEAD_DIM = 256
-_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2, torch.float8_e4m3fn: 2}
+KV_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2, torch.float8_e4m3fn: 2}
 
 
 def supports(storage: torch.Tensor, head_dim: int) -> bool:
     """Whether the kernel reads this layer storage [slots, 2, kv_heads, head_dim]."""
     return (
         storage.device.type == "cpu"
-        and storage.dtype in _KINDS
+        and storage.dtype in KV_KINDS
         and storage.is_contiguous()
         and head_dim % 16 == 0
         and head_dim <= MAX_HEAD_DIM
@@ -57,7 +57,7 @@ def kv_write(
         v.stride(0),
         slots.data_ptr(),
         storage.data_ptr(),
-        _KINDS[storage.dtype],
+        KV_KINDS[storage.dtype],
         k_scale.data_ptr(),
         v_scale.data_ptr(),
         torch.get_num_threads(),
@@ -92,7 +92,7 @@ def paged_decode(
         q.data_ptr(),
         is_bf16,
         storage.data_ptr(),
-        _KINDS[storage.dtype],
+        KV_KINDS[storage.dtype],
         context_slots.data_ptr(),
         context_lens.data_ptr(),
         batch,

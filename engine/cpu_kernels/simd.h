@@ -2,6 +2,7 @@
 #ifndef RESIDENT_SIMD_H
 #define RESIDENT_SIMD_H
 #include <immintrin.h>
+#include <stdint.h>
 
 /* 16 bfloat16 values -> float32. */
 static inline __m512 bf16x16_load(const void *src) {
@@ -37,6 +38,24 @@ static inline __m512 exp512(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     __m512 y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(y, n);
+}
+
+/* 16 bfloat16 values under a mask (masked-off lanes read as zero) -> float32. */
+static inline __m512 bf16x16_load_masked(const void *src, __mmask16 m) {
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+/* 16 values of float32 or bfloat16 -> float32, and back under a mask. */
+static inline __m512 row16_load(const void *src, int bf16) {
+    return bf16 ? bf16x16_load(src) : _mm512_loadu_ps(src);
+}
+
+static inline void row16_store(void *dst, __m512 v, int bf16, __mmask16 mask) {
+    if (bf16)
+        _mm256_mask_storeu_epi16(dst, mask, bf16x16_from(v));
+    else
+        _mm512_mask_storeu_ps(dst, mask, v);
 }
 
 static inline __mmask16 tail_mask(int64_t remaining) {

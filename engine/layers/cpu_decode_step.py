@@ -18,7 +18,7 @@ from torch import nn
 
 from engine.attention.cpu_backend import CPUAttentionBackend
 from engine.cpu_kernels.library import library
-from engine.cpu_kernels.paged_decode import _KINDS, supports
+from engine.cpu_kernels.paged_decode import KV_KINDS, supports
 from engine.kv.rotation import HadamardRotation
 from engine.layers.cpu_grid_weights import GridWeight
 from engine.models.base import PreNormDecoderLayer
@@ -193,7 +193,7 @@ class FusedDecode:
         ):
             self._array = self._layer_array(pool, scales)
             self._pool, self._scales = pool, scales
-            self.model.kv_kind = _KINDS[pool.storage.dtype]
+            self.model.kv_kind = KV_KINDS[pool.storage.dtype]
         positions = positions if positions.dtype == torch.int64 else positions.long()
         status = library().decode_layers(
             ctypes.addressof(self.model),
