@@ -174,12 +174,13 @@ class LLMEngine:
             log.info("CPU layer kernels: %s", ", ".join(f"{n} {k}" for k, n in routed.items()))
         log.info(
             "CPU packed weights (%s activations): %d on a 4-bit grid, %d on an 8-bit grid, "
-            "%d dense, %.3f GiB",
+            "%d dense, %.3f GiB packed, %.3f GiB of dense copies dropped",
             self.cpu_kernel,
             report["4-bit"],
             report["8-bit"],
             report["dense"],
             report["packed_bytes"] / GIB,
+            report["dropped_bytes"] / GIB,
         )
 
     def _setup_kv_rotation(self, ckpt_scales) -> None:

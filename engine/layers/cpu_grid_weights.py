@@ -209,9 +209,18 @@ def pack_grid_weights(model: nn.Module, kernel: str = "bf16") -> dict[str, int]:
 
     Call on the float32 model before casting it to BF16. Returns counts and
     bytes for the start-up log. A weight shared by two modules (tied
-    embeddings) is packed once per Linear that uses it.
+    embeddings) is packed once per Linear that uses it. The int8 kernel
+    serves every row count, so its layers drop their dense weight (an empty
+    tensor stays in its place) unless another module, such as a tied
+    embedding, reads it.
     """
-    report = {"4-bit": 0, "8-bit": 0, "dense": 0, "packed_bytes": 0}
+    report = {"4-bit": 0, "8-bit": 0, "dense": 0, "packed_bytes": 0, "dropped_bytes": 0}
+    shared = {
+        id(param)
+        for module in model.modules()
+        if not isinstance(module, nn.Linear)
+        for param in module.parameters(recurse=False)
+    }
     for module in model.modules():
         if not isinstance(module, nn.Linear):
             continue
@@ -225,6 +234,9 @@ def pack_grid_weights(model: nn.Module, kernel: str = "bf16") -> dict[str, int]:
         module.forward = lambda x, m=module: _packed_forward(m, x)
         report[packed.grid] += 1
         report["packed_bytes"] += packed.nbytes
+        if isinstance(packed, GridWeight) and id(module.weight) not in shared:
+            report["dropped_bytes"] += module.weight.numel() * 2  # what BF16 would have held
+            module.weight.data = module.weight.data.new_empty((0, module.in_features))
     return report
 
 

@@ -131,6 +131,9 @@ def test_the_default_model_with_int8_activations_predicts_as_float32_does():
     fast = LLM(str(default_model_dir()), dtype="bfloat16", kv_cache_dtype="bf16", cpu_kernel="int8")
     assert fast.engine.cpu_kernel == "int8"
     assert fast.engine.model.lm_head.packed_weight.grid == "8-bit"
+    # dense copies dropped, except the embedding the tied output head shares
+    assert fast.engine.model.model.layers[0].mlp.down_proj.weight.numel() == 0
+    assert fast.engine.model.model.embed_tokens.weight.numel() == 49152 * 576
     reference = LLM(str(default_model_dir()), dtype="float32", kv_cache_dtype="bf16")
     text = Path(__file__).read_text()[:3000]
     ids = reference.engine.tokenizer.encode(text)[:400]

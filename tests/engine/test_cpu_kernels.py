@@ -106,6 +106,8 @@ def test_int8_linear_keeps_its_bias_through_the_cast_and_any_batch_shape():
     weight, bias = linear.weight.detach().clone(), linear.bias.detach().clone()
     report = pack_grid_weights(linear, "int8")
     assert report["4-bit"] == 1
+    # the kernel serves every row count: the dense copy is gone
+    assert linear.weight.numel() == 0 and report["dropped_bytes"] == 48 * 128 * 2
     linear.bfloat16()  # the engine casts after packing; the kernel keeps float32 bias
     x = torch.randn(2, 3, 128, generator=gen).bfloat16()
     got = linear(x)
@@ -316,3 +318,20 @@ def test_fused_decode_steps_equal_the_per_module_path(kv):
         assert [t.logprob for t in a.outputs[0].logprobs] == [
             t.logprob for t in b.outputs[0].logprobs
         ]
+
+
+def test_the_kernel_benchmark_runs_and_prints_json():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "bench" / "cpu_kernels.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["benchmark"] == "cpu_kernels"
+    assert {r["rows"] for r in result["grid_products"]} == {1, 3}
+    assert all(r["c_us"] > 0 and r["torch_us"] > 0 for r in result["decode_attention"])

@@ -1,0 +1,129 @@
+"""The CPU C kernels against the torch code they replace, at decode sizes; prints JSON.
+
+    python bench/cpu_kernels.py            # the default model's shapes, 16 and 1 rows
+    python bench/cpu_kernels.py --quick    # tiny shapes, a few repeats (CI smoke test)
+
+Each entry is the best of several timed batches of calls (microseconds per
+call), engine kernel and torch reference measured in the same process, so
+their ratio is what to read: this machine's absolute speed drifts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def best_us(fn, calls: int, rounds: int = 5) -> float:
+    for _ in range(max(3, calls // 10)):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return round(best, 2)
+
+
+def grid_products(rows_list, shapes, calls) -> list[dict]:
+    from engine.cpu_kernels.grid_matmul import grid_matmul, pack_codes
+
+    gen = torch.Generator().manual_seed(0)
+    results = []
+    for n, k in shapes:
+        codes = torch.randint(0, 16, (n, k // 32, 32), generator=gen).float()
+        step = torch.rand(n, k // 32, 1, generator=gen) * 0.01
+        low = -8 * step
+        dense = (codes * step + low).reshape(n, k).bfloat16()
+        packed, scales = pack_codes(codes, step, low, 4)
+        for rows in rows_list:
+            x = torch.randn(rows, k, generator=gen).bfloat16()
+            kernel = best_us(lambda: grid_matmul(x, packed, scales, 4, n, None), calls)
+            torch_us = best_us(lambda: F.linear(x, dense), calls)
+            results.append(
+                {"shape": [n, k], "rows": rows, "int8_grid_us": kernel, "torch_bf16_us": torch_us}
+            )
+    return results
+
+
+def decode_attention(batch, context, calls) -> list[dict]:
+    from engine.attention.cpu_backend import CPUAttentionBackend
+    from engine.attention.metadata import AttentionMetadata
+    from engine.attention.torch_backend import TorchAttentionBackend
+    from engine.kv.pool import PagedKVPool
+    from engine.kv.sizing import KVLayout
+
+    gen = torch.Generator().manual_seed(1)
+    results = []
+    for kv in ("bf16", "fp8_e4m3"):
+        layout = KVLayout(num_layers=1, kind="gqa", num_kv_heads=3, head_dim=64)
+        pages = batch * (-(-context // 16)) + 1
+        pool = PagedKVPool(layout, pages, 16, kv)
+        order = torch.randperm(pages * 16, generator=gen)
+        contexts = [order[i * context : (i + 1) * context] for i in range(batch)]
+        for slots in contexts:
+            k = torch.randn(context, 3, 64, generator=gen).bfloat16()
+            pool.write(0, k, k, slots)
+        last = torch.stack([c[-1] for c in contexts])
+        meta = AttentionMetadata.build(
+            [1] * batch, [context] * batch, last, contexts, torch.device("cpu")
+        )
+        q = torch.randn(batch, 9, 64, generator=gen).bfloat16()
+        cpu, ref = CPUAttentionBackend(), TorchAttentionBackend()
+        results.append(
+            {
+                "kv_cache": kv,
+                "batch": batch,
+                "context": context,
+                "c_us": best_us(lambda: cpu._decode(0, q, pool, meta, 0.125), calls),
+                "torch_us": best_us(lambda: ref._decode(0, q, pool, meta, 0.125), calls),
+            }
+        )
+    return results
+
+
+def argmax_rows(rows, vocab, calls) -> dict:
+    from engine.cpu_kernels.argmax import row_argmax
+
+    logits = torch.randn(rows, vocab)
+    return {
+        "rows": rows,
+        "vocab": vocab,
+        "c_us": best_us(lambda: row_argmax(logits), calls),
+        "torch_us": best_us(lambda: logits.argmax(-1), calls),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes (a smoke test)")
+    args = parser.parse_args()
+    from engine.cpu_kernels.library import unavailable
+
+    reason = unavailable()
+    if reason:
+        print(json.dumps({"benchmark": "cpu_kernels", "unavailable": reason}))
+        return
+    if args.quick:
+        shapes, rows, calls, batch, context, vocab = [(64, 64)], [1, 3], 3, 2, 20, 1000
+    else:
+        shapes = [(3072, 576), (576, 1536), (960, 576), (49152, 576)]
+        rows, calls, batch, context, vocab = [1, 16], 50, 16, 100, 49152
+    result = {
+        "benchmark": "cpu_kernels",
+        "machine": {"cpu": platform.machine(), "torch_threads": torch.get_num_threads()},
+        "grid_products": grid_products(rows, shapes, calls),
+        "decode_attention": decode_attention(batch, context, calls),
+        "argmax": argmax_rows(16 if not args.quick else 2, vocab, calls),
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
