@@ -14,6 +14,7 @@ import argparse
 import json
 import platform
 import time
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -44,8 +45,8 @@ def grid_products(rows_list, shapes, calls) -> list[dict]:
         packed, scales = pack_codes(codes, step, low, 4)
         for rows in rows_list:
             x = torch.randn(rows, k, generator=gen).bfloat16()
-            kernel = best_us(lambda: grid_matmul(x, packed, scales, 4, n, None), calls)
-            torch_us = best_us(lambda: F.linear(x, dense), calls)
+            kernel = best_us(partial(grid_matmul, x, packed, scales, 4, n, None), calls)
+            torch_us = best_us(partial(F.linear, x, dense), calls)
             results.append(
                 {"shape": [n, k], "rows": rows, "int8_grid_us": kernel, "torch_bf16_us": torch_us}
             )
@@ -81,8 +82,8 @@ def decode_attention(batch, context, calls) -> list[dict]:
                 "kv_cache": kv,
                 "batch": batch,
                 "context": context,
-                "c_us": best_us(lambda: cpu._decode(0, q, pool, meta, 0.125), calls),
-                "torch_us": best_us(lambda: ref._decode(0, q, pool, meta, 0.125), calls),
+                "c_us": best_us(partial(cpu._decode, 0, q, pool, meta, 0.125), calls),
+                "torch_us": best_us(partial(ref._decode, 0, q, pool, meta, 0.125), calls),
             }
         )
     return results
