@@ -48,7 +48,7 @@ class CPUAttentionBackend(TorchAttentionBackend):
             q,
             storage[layer],
             meta.context_slots,
-            meta.context_len_tensor,
+            meta.context_lengths(),
             k_factor,
             v_factor,
             softmax_scale,

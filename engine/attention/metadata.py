@@ -28,6 +28,12 @@ class AttentionMetadata:
     key_padding: torch.Tensor | None = None  # [B, 1, 1, L] True at padding (decode only)
     context_len_tensor: torch.Tensor | None = None  # context_lens as int64 on the CPU
 
+    def context_lengths(self) -> torch.Tensor:
+        """context_lens as an int64 CPU tensor (built once)."""
+        if self.context_len_tensor is None:
+            self.context_len_tensor = torch.tensor(self.context_lens, dtype=torch.int64)
+        return self.context_len_tensor
+
     @classmethod
     def build(
         cls,

@@ -205,7 +205,7 @@ class FusedDecode:
             meta.slot_mapping.data_ptr(),
             meta.context_slots.data_ptr(),
             meta.context_slots.shape[1],
-            meta.context_len_tensor.data_ptr(),
+            meta.context_lengths().data_ptr(),
             torch.get_num_threads(),
         )
         if status != 0:
