@@ -10,10 +10,11 @@ kernels read them:
 - `int8` (engine/cpu_kernels, AVX-512 VNNI): the codes stay 4- or 8-bit with
   float32 scales and offsets, and each row of activations is quantized to
   int8 per group of 32, as llama.cpp does for these files. Integer dot
-  products make it the fastest at every row count: on the development
-  machine, two threads, a 3072x576 product takes 142 us at 16 rows against
-  391 us dense BF16, 31 us against 197 at one row. The weights are exact; the
-  activations carry int8 rounding (per group: half a step of max|x|/127).
+  products make it the fastest at every row count (a 3072x576 product 2.2x
+  faster than dense BF16 at 16 rows, 6x at one: `python bench/cpu_kernels.py`,
+  docs/BENCHMARKS.md), so these layers drop their dense weight. The weights
+  are exact; the activations carry int8 rounding (per group: half a step of
+  max|x|/127; accuracy in docs/CPU_KERNELS.md).
 - `bf16`: torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`, BF16
   activations, per-group scale and zero: value = (q - 8) * scale + zero); an
   8-bit grid becomes two 4-bit products (high and low nibbles). It loses to a
