@@ -107,6 +107,7 @@ class LLMEngine:
         self._setup_kv_rotation(ckpt_scales)
         if self.packs_cpu_weights:
             self._pack_and_cast()
+            self._use_cpu_layer_kernels()
         self.pool = self._build_pool(ckpt_scales)
         self.allocator = PageAllocator(self.pool.num_pages)
         self.prefix_cache = (
@@ -169,9 +170,6 @@ class LLMEngine:
         self.cpu_kernel = self._resolve_cpu_kernel()
         report = pack_grid_weights(self.model, self.cpu_kernel)
         cast_parameters(self.model, self.dtype)
-        if not cpu_kernels_unavailable():
-            routed = use_cpu_layer_kernels(self.model)
-            log.info("CPU layer kernels: %s", ", ".join(f"{n} {k}" for k, n in routed.items()))
         log.info(
             "CPU packed weights (%s activations): %d on a 4-bit grid, %d on an 8-bit grid, "
             "%d dense, %.3f GiB packed, %.3f GiB of dense copies dropped",
@@ -182,6 +180,14 @@ class LLMEngine:
             report["packed_bytes"] / GIB,
             report["dropped_bytes"] / GIB,
         )
+
+    def _use_cpu_layer_kernels(self) -> None:
+        """Norms, rotary, SwiGLU, rotations and whole decode steps in C where it runs
+        (engine/layers/cpu_fused.py); the model's torch code otherwise."""
+        if cpu_kernels_unavailable():
+            return
+        routed = use_cpu_layer_kernels(self.model)
+        log.info("CPU layer kernels: %s", ", ".join(f"{n} {k}" for k, n in routed.items()))
 
     def _setup_kv_rotation(self, ckpt_scales) -> None:
         """Decide the K/V rotation (DESIGN.md §3) and set it up; for MLA that folds the

@@ -26,7 +26,7 @@ class AttentionMetadata:
     context_lens: list[int]
     decode_only: bool = False  # every sequence has exactly one query this step
     key_padding: torch.Tensor | None = None  # [B, 1, 1, L] True at padding (decode only)
-    context_len_tensor: torch.Tensor | None = None  # context_lens as int64 on the CPU
+    context_len_tensor: torch.Tensor | None = None  # context_lengths(), built on first use
 
     def context_lengths(self) -> torch.Tensor:
         """context_lens as an int64 CPU tensor (built once)."""
@@ -85,5 +85,4 @@ class AttentionMetadata:
             is_causal_single=is_causal_single,
             query_lens=list(query_lens),
             context_lens=list(context_lens),
-            context_len_tensor=torch.tensor(context_lens, dtype=torch.int64),
         )

@@ -26,63 +26,6 @@ static inline __m512 load_row16(const uint8_t *src, int kind) {
 }
 
 
-/* One sequence, one KV head: out[g] for its `group` query heads. */
-static void attend(const float *q, int64_t group, int64_t D, const uint8_t *kv, int kind,
-                   int64_t elem, int64_t kv_heads, int64_t head, const int64_t *slots,
-                   int64_t len, float v_factor, float *scores, float *acc, float *totals,
-                   void *out, int out_bf16) {
-    const int64_t chunks = D / 16, slot_elems = 2 * kv_heads * D;
-    for (int64_t l = 0; l < len; l++) {
-        const uint8_t *k = kv + (slots[l] * slot_elems + head * D) * elem;
-        __m512 krow[16];
-        for (int64_t c = 0; c < chunks; c++) krow[c] = load_row16(k + c * 16 * elem, kind);
-        for (int64_t g = 0; g < group; g++) {
-            __m512 s = _mm512_setzero_ps();
-            for (int64_t c = 0; c < chunks; c++)
-                s = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + c * 16), krow[c], s);
-            scores[g * len + l] = _mm512_reduce_add_ps(s);
-        }
-    }
-    for (int64_t g = 0; g < group; g++) {
-        float *row = scores + g * len;
-        __m512 vmax = _mm512_set1_ps(-INFINITY);
-        for (int64_t l = 0; l < len; l += 16) {
-            __mmask16 m = len - l >= 16 ? 0xFFFF : (__mmask16)((1u << (len - l)) - 1);
-            vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, row + l));
-        }
-        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
-        __m512 vsum = _mm512_setzero_ps();
-        for (int64_t l = 0; l < len; l += 16) {
-            __mmask16 m = len - l >= 16 ? 0xFFFF : (__mmask16)((1u << (len - l)) - 1);
-            __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + l), top));
-            p = _mm512_maskz_mov_ps(m, p);
-            _mm512_mask_storeu_ps(row + l, m, p);
-            vsum = _mm512_add_ps(vsum, p);
-        }
-        totals[g] = _mm512_reduce_add_ps(vsum);
-        for (int64_t c = 0; c < chunks; c++) _mm512_storeu_ps(acc + g * D + c * 16, _mm512_setzero_ps());
-    }
-    for (int64_t l = 0; l < len; l++) {
-        const uint8_t *v = kv + (slots[l] * slot_elems + (kv_heads + head) * D) * elem;
-        __m512 vrow[16];
-        for (int64_t c = 0; c < chunks; c++) vrow[c] = load_row16(v + c * 16 * elem, kind);
-        for (int64_t g = 0; g < group; g++) {
-            const __m512 p = _mm512_set1_ps(scores[g * len + l]);
-            for (int64_t c = 0; c < chunks; c++) {
-                float *a = acc + g * D + c * 16;
-                _mm512_storeu_ps(a, _mm512_fmadd_ps(p, vrow[c], _mm512_loadu_ps(a)));
-            }
-        }
-    }
-    const int out_elem = out_bf16 ? 2 : 4;
-    for (int64_t g = 0; g < group; g++) {
-        const __m512 norm = _mm512_set1_ps(v_factor / totals[g]);
-        for (int64_t c = 0; c < chunks; c++)
-            row16_store((char *)out + (g * D + c * 16) * out_elem,
-                        _mm512_mul_ps(_mm512_loadu_ps(acc + g * D + c * 16), norm), out_bf16, 0xFFFF);
-    }
-}
-
 /* lane i of the result = the sum of the 16 lanes of a[i] (a transposing tree:
    15 adds and 30 shuffles for 16 sums, where 16 separate reductions take ~100). */
 static inline __m512 reduce16(const __m512 *a) {
@@ -118,6 +61,47 @@ static void softmax_rows(float *scores, int64_t rows, int64_t len, float *totals
             vsum = _mm512_add_ps(vsum, p);
         }
         totals[g] = _mm512_reduce_add_ps(vsum);
+    }
+}
+
+/* One sequence, one KV head: out[g] for its `group` query heads, any head_dim
+   that is a multiple of 16 (the fixed forms below take 64 and 128). */
+static void attend(const float *q, int64_t group, int64_t D, const uint8_t *kv, int kind,
+                   int64_t elem, int64_t kv_heads, int64_t head, const int64_t *slots,
+                   int64_t len, float v_factor, float *scores, float *acc, float *totals,
+                   void *out, int out_bf16) {
+    const int64_t chunks = D / 16, slot_elems = 2 * kv_heads * D;
+    for (int64_t l = 0; l < len; l++) {
+        const uint8_t *k = kv + (slots[l] * slot_elems + head * D) * elem;
+        __m512 krow[16];
+        for (int64_t c = 0; c < chunks; c++) krow[c] = load_row16(k + c * 16 * elem, kind);
+        for (int64_t g = 0; g < group; g++) {
+            __m512 s = _mm512_setzero_ps();
+            for (int64_t c = 0; c < chunks; c++)
+                s = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + c * 16), krow[c], s);
+            scores[g * len + l] = _mm512_reduce_add_ps(s);
+        }
+    }
+    softmax_rows(scores, group, len, totals);
+    for (int64_t i = 0; i < group * D; i += 16) _mm512_storeu_ps(acc + i, _mm512_setzero_ps());
+    for (int64_t l = 0; l < len; l++) {
+        const uint8_t *v = kv + (slots[l] * slot_elems + (kv_heads + head) * D) * elem;
+        __m512 vrow[16];
+        for (int64_t c = 0; c < chunks; c++) vrow[c] = load_row16(v + c * 16 * elem, kind);
+        for (int64_t g = 0; g < group; g++) {
+            const __m512 p = _mm512_set1_ps(scores[g * len + l]);
+            for (int64_t c = 0; c < chunks; c++) {
+                float *a = acc + g * D + c * 16;
+                _mm512_storeu_ps(a, _mm512_fmadd_ps(p, vrow[c], _mm512_loadu_ps(a)));
+            }
+        }
+    }
+    const int out_elem = out_bf16 ? 2 : 4;
+    for (int64_t g = 0; g < group; g++) {
+        const __m512 norm = _mm512_set1_ps(v_factor / totals[g]);
+        for (int64_t c = 0; c < chunks; c++)
+            row16_store((char *)out + (g * D + c * 16) * out_elem,
+                        _mm512_mul_ps(_mm512_loadu_ps(acc + g * D + c * 16), norm), out_bf16, 0xFFFF);
     }
 }
 

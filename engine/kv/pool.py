@@ -117,7 +117,15 @@ class PagedKVPool(PagedPoolBase):
 
     def _forget_cached_scales(self) -> None:
         self._scale_cache: dict[int, torch.Tensor] = {}
-        self._factor_cache: dict[object, tuple] = {}
+        self._factor_cache: dict[tuple[str, int], tuple] = {}
+        # Bumped whenever a scale changes: holders of cached scale tensors rebuild.
+        self.scales_version = getattr(self, "scales_version", -1) + 1
+
+    def _cached(self, kind: str, layer: int, build) -> tuple:
+        key = (kind, layer)
+        if key not in self._factor_cache:
+            self._factor_cache[key] = build()
+        return self._factor_cache[key]
 
     def _calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if self.per_head:
@@ -128,9 +136,8 @@ class PagedKVPool(PagedPoolBase):
             self.v_scale[layer] = calibrate_scale(v)
         self._calibrated[layer] = True
         self._scale_cache.pop(layer, None)
-        self._factor_cache.pop(layer, None)
-        self._factor_cache.pop(("per_head", layer), None)
-        self._factor_cache.pop(("write", layer), None)
+        self._factor_cache = {k: v for k, v in self._factor_cache.items() if k[1] != layer}
+        self.scales_version += 1
         if all(self._calibrated):
             log.info(
                 "KV scales calibrated from the first prefill (%s): K %.4g..%.4g, V %.4g..%.4g",
@@ -166,51 +173,54 @@ class PagedKVPool(PagedPoolBase):
 
     def _factors(self, layer: int) -> tuple:
         """Dequant factors of a layer: floats per layer, float32 [kv_heads] tensors per head."""
-        cached = self._factor_cache.get(layer)
-        if cached is None:
-            if self.per_head:
-                cached = tuple(
+        if self.per_head:
+            return self._cached(
+                "factors",
+                layer,
+                lambda: tuple(
                     (s[layer] * HALF_TRICK_FACTOR).to(self.device)
                     for s in (self.k_scale, self.v_scale)
-                )
-            else:
-                cached = (
-                    float(self.k_scale[layer]) * HALF_TRICK_FACTOR,
-                    float(self.v_scale[layer]) * HALF_TRICK_FACTOR,
-                )
-            self._factor_cache[layer] = cached
-        return cached
+                ),
+            )
+        return self._cached(
+            "factors",
+            layer,
+            lambda: (
+                float(self.k_scale[layer]) * HALF_TRICK_FACTOR,
+                float(self.v_scale[layer]) * HALF_TRICK_FACTOR,
+            ),
+        )
+
+    def writes_plainly(self, layer: int | None = None) -> bool:
+        """Whether `write` only stores (quantizes) values, for a layer or all of them:
+        nothing left to calibrate and no maxima being observed. Always so for a
+        BF16 or float32 cache."""
+        calibrated = all(self._calibrated) if layer is None else self._calibrated[layer]
+        return not self.is_fp8 or (calibrated and self._observed is None)
+
+    def _heads_on_cpu(self, values) -> tuple[torch.Tensor, torch.Tensor]:
+        heads = self.layout.num_kv_heads
+        return tuple(
+            torch.as_tensor(v, dtype=torch.float32).reshape(-1).expand(heads).contiguous().cpu()
+            for v in values
+        )
 
     def write_scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """K and V scales [kv_heads] (float32, CPU) for writing a layer as `write` would,
-        or None while `write` has more to do than quantize (calibrating, observing).
-        A BF16 or float32 cache has nothing to calibrate: its scales are ones."""
-        if self.is_fp8 and (not self._calibrated[layer] or self._observed is not None):
+        or None unless `writes_plainly(layer)`. A BF16 or float32 cache has ones."""
+        if not self.writes_plainly(layer):
             return None
-        key = ("write", layer)
-        cached = self._factor_cache.get(key)
-        if cached is None:
-            heads = self.layout.num_kv_heads
-            cached = tuple(
-                s[layer].float().reshape(-1).expand(heads).contiguous().cpu()
-                for s in (self.k_scale, self.v_scale)
-            )
-            self._factor_cache[key] = cached
-        return cached
+        return self._cached(
+            "write", layer, lambda: self._heads_on_cpu((self.k_scale[layer], self.v_scale[layer]))
+        )
 
     def head_factors(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`_factors` as float32 [kv_heads] tensors on the CPU (what CPU kernels take)."""
-        key = ("per_head", layer)
-        cached = self._factor_cache.get(key)
-        if cached is None:
-            heads = self.layout.num_kv_heads
-            factors = self._factors(layer) if self.is_fp8 else (1.0, 1.0)
-            cached = tuple(
-                torch.as_tensor(f, dtype=torch.float32).reshape(-1).expand(heads).contiguous().cpu()
-                for f in factors
-            )
-            self._factor_cache[key] = cached
-        return cached
+        return self._cached(
+            "per_head",
+            layer,
+            lambda: self._heads_on_cpu(self._factors(layer) if self.is_fp8 else (1.0, 1.0)),
+        )
 
     def gather(
         self, layer: int, slots: torch.Tensor, dtype: torch.dtype

@@ -63,6 +63,35 @@ def _grid(linear: nn.Module) -> GridWeight | None:
     return packed if isinstance(packed, GridWeight) else None
 
 
+def _fusable(layer, first_layer) -> bool:
+    """A Llama-family layer with packed weights, shaped and rotated like the first one."""
+    if type(layer) is not PreNormDecoderLayer:
+        return False
+    attn, mlp, first = layer.self_attn, layer.mlp, first_layer.self_attn
+    if type(attn) is not GQAAttention or type(mlp) is not GatedMLP:
+        return False
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    eps = first_layer.input_layernorm.eps
+    rotation, first_rotation = attn.kv_rotation, first.kv_rotation
+    rotation_ok = (rotation is None and first_rotation is None) or (
+        isinstance(rotation, HadamardRotation)
+        and first_rotation is not None
+        and not rotation.batch_invariant
+        and rotation.block == first_rotation.block
+        and not rotation.block & (rotation.block - 1)
+    )
+    shape = (attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale)
+    return (
+        all(_grid(m) is not None for m in (attn.qkv_proj, attn.o_proj))
+        and all(_grid(m) is not None for m in (mlp.gate_up_proj, mlp.down_proj))
+        and all(n.weight.dtype == torch.bfloat16 and n.eps == eps for n in norms)
+        and attn.rotary is first.rotary
+        and shape == (first.num_heads, first.num_kv_heads, first.head_dim, first.scale)
+        and rotation_ok
+        and _grid(attn.qkv_proj).rows == (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim
+    )
+
+
 def _ref(packed: GridWeight) -> _GridRef:
     bias = packed.bias.data_ptr() if packed.bias is not None else None
     return _GridRef(
@@ -92,44 +121,16 @@ class FusedDecode:
             eps=layers[0].input_layernorm.eps,
             softmax_scale=attn.scale,
         )
-        self._pool = None
+        self._scales_key: tuple = (None, -1)
         self._scales: list = []
         self._array = None
 
     @classmethod
     def build(cls, layers) -> FusedDecode | None:
         """The fused form when every layer is one the C code implements, else None."""
-        if not layers or not all(type(layer) is PreNormDecoderLayer for layer in layers):
+        if not layers or not all(_fusable(layer, layers[0]) for layer in layers):
             return None
         first = layers[0].self_attn
-        for layer in layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            norms = (layer.input_layernorm, layer.post_attention_layernorm)
-            rotation = attn.kv_rotation if type(attn) is GQAAttention else None
-            if not (
-                type(attn) is GQAAttention
-                and type(mlp) is GatedMLP
-                and all(_grid(m) is not None for m in (attn.qkv_proj, attn.o_proj))
-                and all(_grid(m) is not None for m in (mlp.gate_up_proj, mlp.down_proj))
-                and all(n.weight.dtype == torch.bfloat16 and n.eps == norms[0].eps for n in norms)
-                and norms[0].eps == layers[0].input_layernorm.eps
-                and attn.rotary is first.rotary
-                and (attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale)
-                == (first.num_heads, first.num_kv_heads, first.head_dim, first.scale)
-                and (rotation is None) == (first.kv_rotation is None)
-                and (
-                    rotation is None
-                    or (
-                        isinstance(rotation, HadamardRotation)
-                        and not rotation.batch_invariant
-                        and rotation.block == first.kv_rotation.block
-                        and not rotation.block & (rotation.block - 1)
-                    )
-                )
-                and _grid(attn.qkv_proj).rows
-                == (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim
-            ):
-                return None
         rotary = first.rotary
         if not (
             rotary.cos.dtype == torch.float32
@@ -170,29 +171,18 @@ class FusedDecode:
             and x.dtype == torch.bfloat16
             and x.is_contiguous()
             and x.device.type == "cpu"
-            and hasattr(pool, "write_scales")
+            and hasattr(pool, "writes_plainly")
             and supports(pool.storage[0], self.head_dim)
             and pool.storage.shape[0] == len(self.layers)
         ):
             return False
-        scales = []
-        for index in range(len(self.layers)):
-            write = pool.write_scales(index)
-            if write is None:
-                return False
-            scales.append((write, pool.head_factors(index)))
-        # The scale tensors are cached by the pool; new objects mean new scales.
-        if (
-            pool is not self._pool
-            or any(
-                a is not b
-                for new, old in zip(scales, self._scales, strict=False)
-                for a, b in zip(new[0] + new[1], old[0] + old[1], strict=True)
-            )
-            or len(scales) != len(self._scales)
-        ):
+        if not pool.writes_plainly():  # still calibrating or observing: the modules write
+            return False
+        if (pool, pool.scales_version) != self._scales_key:
+            scales = [(pool.write_scales(i), pool.head_factors(i)) for i in range(len(self.layers))]
             self._array = self._layer_array(pool, scales)
-            self._pool, self._scales = pool, scales
+            self._scales = scales  # the array points into these tensors
+            self._scales_key = (pool, pool.scales_version)
             self.model.kv_kind = KV_KINDS[pool.storage.dtype]
         positions = positions if positions.dtype == torch.int64 else positions.long()
         status = library().decode_layers(

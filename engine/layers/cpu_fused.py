@@ -105,28 +105,29 @@ def _trunk_forward(self, input_ids, positions, ctx):
     return self.norm(x)
 
 
+# module type -> (count name, its C-kernel forward)
+_FORWARDS = {
+    RMSNorm: ("norm", _norm_forward),
+    GatedMLP: ("mlp", _mlp_forward),
+    PreNormDecoderLayer: ("layer", _layer_forward),
+    RotaryEmbedding: ("rotary", _rope_forward),
+}
+
+
 def use_cpu_layer_kernels(model: nn.Module) -> dict[str, int]:
     """Give the model's norms, MLPs, decoder layers, rotary tables and K/V rotations
     their C-kernel forwards; returns how many of each were routed."""
-    counts = {"norm": 0, "mlp": 0, "layer": 0, "rotary": 0, "rotation": 0, "head": 0}
+    counts = {name: 0 for name, _ in _FORWARDS.values()} | {"rotation": 0, "head": 0}
     counts["fused decode"] = _fuse_decode(model)
     if isinstance(getattr(getattr(model, "lm_head", None), "packed_weight", None), GridWeight):
         model.compute_logits = types.MethodType(_logits_forward, model)
         counts["head"] = 1
     rotations: dict[int, HadamardRotation] = {}
     for module in model.modules():
-        if type(module) is RMSNorm:
-            module.forward = types.MethodType(_norm_forward, module)
-            counts["norm"] += 1
-        elif type(module) is GatedMLP:
-            module.forward = types.MethodType(_mlp_forward, module)
-            counts["mlp"] += 1
-        elif type(module) is PreNormDecoderLayer:
-            module.forward = types.MethodType(_layer_forward, module)
-            counts["layer"] += 1
-        elif type(module) is RotaryEmbedding:
-            module.forward = types.MethodType(_rope_forward, module)
-            counts["rotary"] += 1
+        if type(module) in _FORWARDS:  # exact types: subclasses may compute differently
+            name, forward = _FORWARDS[type(module)]
+            module.forward = types.MethodType(forward, module)
+            counts[name] += 1
         rotation = getattr(module, "kv_rotation", None)
         if isinstance(rotation, HadamardRotation) and not rotation.batch_invariant:
             rotations[id(rotation)] = rotation

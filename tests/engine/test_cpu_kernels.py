@@ -313,11 +313,24 @@ def test_fused_decode_steps_equal_the_per_module_path(kv):
     trunk.fused_decode.run = lambda *a: False
     llm.engine.prefix_cache.clear()  # recompute the prompts too
     plain = llm.generate(prompts, params)
-    for a, b in zip(fused, plain, strict=True):
+    _assert_same_outputs(fused, plain)
+    if kv == "fp8_e4m3":
+        # New scales after fused steps ran: the fused step must take them up too.
+        pool = llm.engine.pool
+        pool.set_scales(pool.k_scale * 1.5, pool.v_scale * 0.75, "test")
+        llm.engine.prefix_cache.clear()
+        trunk.fused_decode.run = run
+        fused = llm.generate(prompts, params)
+        trunk.fused_decode.run = lambda *a: False
+        llm.engine.prefix_cache.clear()
+        _assert_same_outputs(fused, llm.generate(prompts, params))
+
+
+def _assert_same_outputs(got, want):
+    for a, b in zip(got, want, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        assert [t.logprob for t in a.outputs[0].logprobs] == [
-            t.logprob for t in b.outputs[0].logprobs
-        ]
+        logprobs = [t.logprob for t in a.outputs[0].logprobs]
+        assert logprobs == [t.logprob for t in b.outputs[0].logprobs]
 
 
 def test_the_kernel_benchmark_runs_and_prints_json():
