@@ -86,7 +86,10 @@ class GitCheckpointStore:
             index = Path(directory) / "index"
             real_index = Path(repo.git_dir) / "index"
             if seed and real_index.is_file():
-                shutil.copyfile(real_index, index)
+                # copy2 keeps the index's mtime: git trusts a cached stat only
+                # for entries older than the index file, so a fresh mtime would
+                # hide a same-size edit made within one clock tick of `git add`.
+                shutil.copy2(real_index, index)
             yield {"GIT_INDEX_FILE": str(index)}
 
     def _large_untracked(self, repo: git.Repo, spec: str, env: dict[str, str]) -> list[str]:

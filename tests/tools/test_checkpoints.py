@@ -220,3 +220,27 @@ def test_restore_does_not_follow_a_symlinked_directory_out(workspace, outside):
     store.restore(checkpoint.id)
     assert not (workspace / "escape").exists()
     assert (outside / "secret.txt").read_text() == "TOP SECRET\n"
+
+
+def test_git_snapshot_sees_an_edit_made_within_one_clock_tick(workspace):
+    """Linux stamps files with a coarse clock, so an edit of the same size made
+    within one tick of `git add` leaves mtime, size and inode unchanged. Git
+    notices such "racily clean" entries only by comparing them with the index
+    file's own mtime, so the copy of the index a snapshot starts from must keep
+    that mtime. The tick is simulated here with utime (ctime cannot be set, so
+    the test repository does not trust it)."""
+    init_repo(workspace)
+    git(workspace, "config", "core.trustctime", "false")
+    app = workspace / "app.py"
+    app.write_text("print('v1')\n")
+    tick = app.stat().st_mtime_ns - 10**10  # well before the snapshot's own writes
+    os.utime(app, ns=(tick, tick))
+    git(workspace, "add", "app.py")
+    os.utime(workspace / ".git" / "index", ns=(tick, tick))
+    store = GitCheckpointStore(workspace)
+    checkpoint = store.create()
+    app.write_text("print('v2')\n")  # same size, same inode
+    os.utime(app, ns=(tick, tick))
+    assert [(c.action, c.path) for c in store.changes(checkpoint.id)] == [("write", "app.py")]
+    store.restore(checkpoint.id)
+    assert app.read_text() == "print('v1')\n"
