@@ -52,6 +52,12 @@ _SIGNATURES = {
         *(_PTR, _INT, _PTR, _INT, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR),
         *(_FLOAT, _PTR, _INT, _INT),
     ],
+    # q, kv, kv_kind, slots, lens, q_starts, q_lens, B, L, Hq, Hkv, D, k_factor,
+    # v_factor, softmax_scale, out, threads
+    "paged_prefill": [
+        *(_PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR),
+        *(_FLOAT, _PTR, _INT),
+    ],
     # k, v, in_bf16, tokens, heads, D, k_stride, v_stride, slots, storage, kind,
     # k_scale, v_scale, threads
     "kv_write": [
@@ -78,6 +84,12 @@ def kernels_dir() -> Path:
     return Path(cache) / "resident" / "kernels"
 
 
+def has_cpu_flag(flag: str) -> bool:
+    """Whether /proc/cpuinfo lists `flag` (for kernels beyond the required set)."""
+    return flag in _cpu_flags()
+
+
+@functools.cache
 def _cpu_flags() -> set[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
