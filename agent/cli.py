@@ -342,11 +342,18 @@ def bench_throughput(
     max_tokens: int = typer.Option(128, help="Tokens generated per prompt."),
     batch: int = typer.Option(16, help="Prompts in the batched run."),
     skip_transformers: bool = typer.Option(False, help="Measure the engine only."),
+    prefill_tokens: int = typer.Option(4096, min=1, help="Tokens of the cold prefill run."),
 ) -> None:
     """Decode tokens/s: engine (BF16 and FP8 KV) against transformers' generate."""
     from engine.benchmarks.throughput import format_table, run_throughput
 
-    result = run_throughput(model, max_tokens, batch, with_transformers=not skip_transformers)
+    result = run_throughput(
+        model,
+        max_tokens,
+        batch,
+        with_transformers=not skip_transformers,
+        prefill_tokens=prefill_tokens,
+    )
     typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))
 
 

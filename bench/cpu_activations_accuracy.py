@@ -5,7 +5,9 @@
 The default model, teacher-forced over 1024-token windows of Python source
 (this Python's standard library) and of prose (licence texts), the last 32
 tokens of each window as decode steps: float32 (the reference), BF16
-activations (`--cpu-kernel bf16`), int8 activations (`--cpu-kernel int8`).
+activations (`--cpu-kernel bf16`), int8 activations (`--cpu-kernel int8`), and
+int8 activations with the C attention kernels (`--attention-backend auto`, what
+`resident serve` runs on CPU: BF16 prefill attention, float32 decode attention).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ VARIANTS = {
     "float32": {"dtype": "float32"},
     "bf16_activations": {"dtype": "bfloat16", "cpu_kernel": "bf16"},
     "int8_activations": {"dtype": "bfloat16", "cpu_kernel": "int8"},
+    "int8_cpu_attention": {"dtype": "bfloat16", "cpu_kernel": "int8", "attention_backend": "auto"},
 }
 
 
@@ -63,6 +66,8 @@ def main() -> None:
                     "positions": int(got.shape[0]),
                     "ppl": round(ppl, 4),
                     "delta_pct": round((ppl / ref_ppl - 1) * 100, 3),
+                    # per-position error; delta_pct nets errors of both signs out
+                    "mean_abs_nll_diff": round(float((got[:, 0] - ref[:, 0]).abs().mean()), 4),
                     "top1_agreement": round(float((got[:, 1] == ref[:, 1]).double().mean()), 4),
                 }
             )

@@ -1,6 +1,6 @@
-"""The CPU C kernels against the torch code they replace, at decode sizes; prints JSON.
+"""The CPU C kernels against the torch code they replace; prints JSON.
 
-    python bench/cpu_kernels.py            # the default model's shapes, 16 and 1 rows
+    python bench/cpu_kernels.py            # the default model's shapes: decode and prefill
     python bench/cpu_kernels.py --quick    # tiny shapes, a few repeats (CI smoke test)
 
 Each entry is the best of several timed batches of calls (microseconds per
@@ -89,6 +89,44 @@ def decode_attention(batch, context, calls) -> list[dict]:
     return results
 
 
+def prefill_attention(cases, rounds) -> list[dict]:
+    """One layer's attention for a prefill step of `new` tokens over `prefix` cached ones
+    (the default model's 9 query and 3 KV heads of 64), K/V write included."""
+    from engine.attention.cpu_backend import CPUAttentionBackend
+    from engine.attention.metadata import AttentionMetadata
+    from engine.attention.torch_backend import TorchAttentionBackend
+    from engine.kv.pool import PagedKVPool
+    from engine.kv.sizing import KVLayout
+
+    gen = torch.Generator().manual_seed(2)
+    results = []
+    for kv in ("bf16", "fp8_e4m3"):
+        for prefix, new in cases:
+            layout = KVLayout(num_layers=1, kind="gqa", num_kv_heads=3, head_dim=64)
+            pool = PagedKVPool(layout, -(-(prefix + new) // 16), 16, kv)
+            slots = torch.arange(prefix + new)
+            if prefix:
+                k = torch.randn(prefix, 3, 64, generator=gen).bfloat16()
+                pool.write(0, k, k, slots[:prefix])
+            meta = AttentionMetadata.build(
+                [new], [prefix + new], slots[prefix:], [slots], torch.device("cpu")
+            )
+            q = torch.randn(new, 9, 64, generator=gen).bfloat16()
+            k = torch.randn(new, 3, 64, generator=gen).bfloat16()
+            step = (0, q, k, k, pool, meta, 0.125)
+            cpu, ref = CPUAttentionBackend(), TorchAttentionBackend()
+            results.append(
+                {
+                    "kv_cache": kv,
+                    "prefix": prefix,
+                    "new_tokens": new,
+                    "c_us": best_us(partial(cpu.forward, *step), 1, rounds),
+                    "torch_us": best_us(partial(ref.forward, *step), 1, rounds),
+                }
+            )
+    return results
+
+
 def argmax_rows(rows, vocab, calls) -> dict:
     from engine.cpu_kernels.argmax import row_argmax
 
@@ -113,14 +151,17 @@ def main() -> None:
         return
     if args.quick:
         shapes, rows, calls, batch, context, vocab = [(64, 64)], [1, 3], 3, 2, 20, 1000
+        prefills, rounds = [(0, 40), (30, 17)], 2
     else:
         shapes = [(3072, 576), (576, 1536), (960, 576), (49152, 576)]
         rows, calls, batch, context, vocab = [1, 16], 50, 16, 100, 49152
+        prefills, rounds = [(0, 2048), (6000, 2048)], 3
     result = {
         "benchmark": "cpu_kernels",
         "machine": {"cpu": platform.machine(), "torch_threads": torch.get_num_threads()},
         "grid_products": grid_products(rows, shapes, calls),
         "decode_attention": decode_attention(batch, context, calls),
+        "prefill_attention": prefill_attention(prefills, rounds),
         "argmax": argmax_rows(16 if not args.quick else 2, vocab, calls),
     }
     print(json.dumps(result, indent=2))

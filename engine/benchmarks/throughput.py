@@ -2,7 +2,9 @@
 
 Both run in one process on the same machine and weights, one after the other,
 so the ratios are comparable even where absolute numbers are noisy. Every run
-generates exactly `max_tokens` tokens per prompt (EOS ignored).
+generates exactly `max_tokens` tokens per prompt (EOS ignored). Each run also
+prefills one cold prompt of `prefill_tokens` tokens (no cached prefix), the
+agent's first request over a repository: prompt tokens per second.
 """
 
 from __future__ import annotations
@@ -33,7 +35,17 @@ def _chat_ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(rendered, add_special_tokens=False)
 
 
-def _engine_run(model: str, kv: str, prompts: list[list[int]], max_tokens: int) -> dict:
+def _long_prompt(prompts: list[list[int]], length: int) -> list[int]:
+    """`length` tokens of real text: the chat prompts end to end, repeated."""
+    ids: list[int] = []
+    while len(ids) < length:
+        ids.extend(token for prompt in prompts for token in prompt)
+    return ids[:length]
+
+
+def _engine_run(
+    model: str, kv: str, prompts: list[list[int]], max_tokens: int, long_prompt: list[int]
+) -> dict:
     from engine import LLM, SamplingParams
 
     # The backend `resident serve` and the agent run with (auto), not LLM's reference default.
@@ -48,9 +60,13 @@ def _engine_run(model: str, kv: str, prompts: list[list[int]], max_tokens: int) 
     batch_s = time.perf_counter() - start
     single_tokens = len(single[0].outputs[0].token_ids)
     batch_tokens = sum(len(o.outputs[0].token_ids) for o in batch)
+    start = time.perf_counter()
+    llm.generate([long_prompt], SamplingParams(max_tokens=1, temperature=0))
+    prefill_s = time.perf_counter() - start
     return {
         "single_tok_s": single_tokens / single_s,
         "batch_tok_s": batch_tokens / batch_s,
+        "prefill_tok_s": len(long_prompt) / prefill_s,
         "kv_bytes_per_token": llm.engine.pool.layout.values_per_token
         * llm.engine.pool.storage.element_size(),
         "attention_backend": llm.engine.runner.backend.name,
@@ -58,7 +74,9 @@ def _engine_run(model: str, kv: str, prompts: list[list[int]], max_tokens: int) 
     }
 
 
-def _transformers_run(model_dir: str, prompts: list[list[int]], max_tokens: int, dtype) -> dict:
+def _transformers_run(
+    model_dir: str, prompts: list[list[int]], max_tokens: int, dtype, long_prompt: list[int]
+) -> dict:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
@@ -86,11 +104,23 @@ def _transformers_run(model_dir: str, prompts: list[list[int]], max_tokens: int,
     start = time.perf_counter()
     batch_tokens = generate(prompts)
     batch_s = time.perf_counter() - start
-    return {"single_tok_s": single_tokens / single_s, "batch_tok_s": batch_tokens / batch_s}
+    with torch.inference_mode():
+        start = time.perf_counter()
+        model(input_ids=torch.tensor([long_prompt]), logits_to_keep=1)
+        prefill_s = time.perf_counter() - start
+    return {
+        "single_tok_s": single_tokens / single_s,
+        "batch_tok_s": batch_tokens / batch_s,
+        "prefill_tok_s": len(long_prompt) / prefill_s,
+    }
 
 
 def run_throughput(
-    model: str, max_tokens: int = 128, batch: int = 16, with_transformers: bool = True
+    model: str,
+    max_tokens: int = 128,
+    batch: int = 16,
+    with_transformers: bool = True,
+    prefill_tokens: int = 4096,
 ) -> dict:
     from engine.model_store import resolve_model
     from engine.tokenizer import load_tokenizer
@@ -98,12 +128,15 @@ def run_throughput(
     model_dir = str(resolve_model(model))
     tokenizer = load_tokenizer(Path(model_dir))
     prompts = [_chat_ids(tokenizer, PROMPTS[i % len(PROMPTS)]) for i in range(batch)]
+    # Rotated per run, so no run finds another's prompt in its prefix cache.
+    long_prompt = _long_prompt(prompts, prefill_tokens + 1)
     result = {
         "benchmark": "throughput",
         "model": model,
         "max_tokens": max_tokens,
         "batch": batch,
         "prompt_tokens": [len(p) for p in prompts],
+        "prefill_tokens": prefill_tokens,
         "machine": {
             "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(),
@@ -115,16 +148,17 @@ def run_throughput(
     }
     runs = result["runs"]
     for kv in ("bf16", "fp8_e4m3"):
-        runs[f"engine_{kv}"] = _engine_run(model_dir, kv, prompts, max_tokens)
+        runs[f"engine_{kv}"] = _engine_run(model_dir, kv, prompts, max_tokens, long_prompt[1:])
     if with_transformers:
         runs["transformers_bf16"] = _transformers_run(
-            model_dir, prompts, max_tokens, torch.bfloat16
+            model_dir, prompts, max_tokens, torch.bfloat16, long_prompt[:-1]
         )
         base = runs["transformers_bf16"]
         result["speedup_vs_transformers"] = {
             name: {
                 "single": runs[name]["single_tok_s"] / base["single_tok_s"],
                 "batch": runs[name]["batch_tok_s"] / base["batch_tok_s"],
+                "prefill": runs[name]["prefill_tok_s"] / base["prefill_tok_s"],
             }
             for name in runs
             if name.startswith("engine_")
@@ -133,11 +167,15 @@ def run_throughput(
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{'run':22} {'single tok/s':>14} {'batch tok/s':>14}"]
+    lines = [f"{'run':22} {'single tok/s':>14} {'batch tok/s':>14} {'prefill tok/s':>14}"]
     for name, run in result["runs"].items():
-        lines.append(f"{name:22} {run['single_tok_s']:14.1f} {run['batch_tok_s']:14.1f}")
+        lines.append(
+            f"{name:22} {run['single_tok_s']:14.1f} {run['batch_tok_s']:14.1f}"
+            f" {run['prefill_tok_s']:14.1f}"
+        )
     for name, ratio in result.get("speedup_vs_transformers", {}).items():
         lines.append(
-            f"{name} vs transformers: single x{ratio['single']:.2f}, batch x{ratio['batch']:.2f}"
+            f"{name} vs transformers: single x{ratio['single']:.2f}, batch x{ratio['batch']:.2f},"
+            f" prefill x{ratio['prefill']:.2f}"
         )
     return "\n".join(lines)
