@@ -343,6 +343,7 @@ def bench_throughput(
     batch: int = typer.Option(16, help="Prompts in the batched run."),
     skip_transformers: bool = typer.Option(False, help="Measure the engine only."),
     prefill_tokens: int = typer.Option(4096, min=1, help="Tokens of the cold prefill run."),
+    repeats: int = typer.Option(3, min=1, help="Timed runs per figure; the best counts."),
 ) -> None:
     """Decode tokens/s: engine (BF16 and FP8 KV) against transformers' generate."""
     from engine.benchmarks.throughput import format_table, run_throughput
@@ -353,6 +354,7 @@ def bench_throughput(
         batch,
         with_transformers=not skip_transformers,
         prefill_tokens=prefill_tokens,
+        repeats=repeats,
     )
     typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))
 

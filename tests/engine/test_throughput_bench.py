@@ -13,13 +13,16 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_throughput_bench_measures_decode_and_cold_prefill_against_transformers():
-    result = run_throughput("smollm2-135m-instruct", max_tokens=2, batch=2, prefill_tokens=64)
-    assert result["prefill_tokens"] == 64
+    result = run_throughput(
+        "smollm2-135m-instruct", max_tokens=2, batch=2, prefill_tokens=64, repeats=2
+    )
+    assert result["prefill_tokens"] == 64 and result["repeats"] == 2
     assert set(result["runs"]) == {"engine_bf16", "engine_fp8_e4m3", "transformers_bf16"}
     for run in result["runs"].values():
         assert run["single_tok_s"] > 0 and run["batch_tok_s"] > 0 and run["prefill_tok_s"] > 0
-    assert result["runs"]["engine_fp8_e4m3"]["kv_bytes_per_token"] * 2 == (
-        result["runs"]["engine_bf16"]["kv_bytes_per_token"]
+    assert (
+        result["runs"]["engine_fp8_e4m3"]["kv_bytes_per_token"] * 2
+        == (result["runs"]["engine_bf16"]["kv_bytes_per_token"])
     )
     assert set(result["speedup_vs_transformers"]["engine_bf16"]) == {"single", "batch", "prefill"}
     assert "prefill x" in format_table(result)
