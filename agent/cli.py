@@ -347,15 +347,19 @@ def bench_throughput(
 ) -> None:
     """Decode tokens/s: engine (BF16 and FP8 KV) against transformers' generate."""
     from engine.benchmarks.throughput import format_table, run_throughput
+    from engine.errors import EngineError
 
-    result = run_throughput(
-        model,
-        max_tokens,
-        batch,
-        with_transformers=not skip_transformers,
-        prefill_tokens=prefill_tokens,
-        repeats=repeats,
-    )
+    try:
+        result = run_throughput(
+            model,
+            max_tokens,
+            batch,
+            with_transformers=not skip_transformers,
+            prefill_tokens=prefill_tokens,
+            repeats=repeats,
+        )
+    except (EngineError, ValueError) as err:
+        _fail(str(err), code=2)
     typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))
 
 

@@ -138,10 +138,18 @@ def run_throughput(
     prefill_tokens: int = 4096,
     repeats: int = 3,
 ) -> dict:
+    from engine.model_config import load_config
     from engine.model_store import resolve_model
     from engine.tokenizer import load_tokenizer
 
     model_dir = str(resolve_model(model))
+    context = load_config(Path(model_dir)).max_position_embeddings
+    if prefill_tokens >= context:
+        raise ValueError(
+            f"--prefill-tokens {prefill_tokens} does not fit the model's context of {context} "
+            "tokens (the prompt plus one generated token); take at most "
+            f"{context - 1}"
+        )
     tokenizer = load_tokenizer(Path(model_dir))
     prompts = [_chat_ids(tokenizer, PROMPTS[i % len(PROMPTS)]) for i in range(batch)]
     long_prompt = _long_prompt(prompts, prefill_tokens)
