@@ -56,6 +56,16 @@ def _best_rate(run, repeats: int) -> float:
     return best
 
 
+def _rates(generate, prefill, prompts: list[list[int]], repeats: int) -> dict:
+    """The three figures of one side: `generate(batch)` and `prefill()` return counts."""
+    generate([prompts[0]])  # warm-up, untimed
+    return {
+        "single_tok_s": _best_rate(lambda: generate([prompts[0]]), repeats),
+        "batch_tok_s": _best_rate(lambda: generate(prompts), repeats),
+        "prefill_tok_s": _best_rate(prefill, repeats),
+    }
+
+
 def _engine_run(
     model: str,
     kv: str,
@@ -77,11 +87,8 @@ def _engine_run(
         llm.generate([long_prompt], SamplingParams(max_tokens=1, temperature=0))
         return len(long_prompt)
 
-    generate([prompts[0]])  # warm-up, untimed
     return {
-        "single_tok_s": _best_rate(lambda: generate([prompts[0]]), repeats),
-        "batch_tok_s": _best_rate(lambda: generate(prompts), repeats),
-        "prefill_tok_s": _best_rate(prefill, repeats),
+        **_rates(generate, prefill, prompts, repeats),
         "kv_bytes_per_token": llm.engine.pool.layout.values_per_token
         * llm.engine.pool.storage.element_size(),
         "attention_backend": llm.engine.runner.backend.name,
@@ -122,12 +129,7 @@ def _transformers_run(
             model(input_ids=torch.tensor([long_prompt]), logits_to_keep=1)
         return len(long_prompt)
 
-    generate([prompts[0]])  # warm-up, untimed
-    return {
-        "single_tok_s": _best_rate(lambda: generate([prompts[0]]), repeats),
-        "batch_tok_s": _best_rate(lambda: generate(prompts), repeats),
-        "prefill_tok_s": _best_rate(prefill, repeats),
-    }
+    return _rates(generate, prefill, prompts, repeats)
 
 
 def run_throughput(

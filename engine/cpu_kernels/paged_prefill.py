@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from engine.cpu_kernels.library import has_cpu_flag, library
 from engine.cpu_kernels.paged_decode import KV_KINDS, MAX_HEAD_DIM
-
-
-@functools.cache
-def _cpu_has_bf16_dot() -> bool:
-    return has_cpu_flag("avx512_bf16")
 
 
 def prefill_supports(q: torch.Tensor, storage: torch.Tensor) -> bool:
@@ -20,12 +13,12 @@ def prefill_supports(q: torch.Tensor, storage: torch.Tensor) -> bool:
     CPU with AVX-512 BF16. Float32 queries stay on the torch path, which keeps them exact."""
     head_dim = q.shape[-1]
     return (
-        _cpu_has_bf16_dot()
+        has_cpu_flag("avx512_bf16")
         and q.device.type == "cpu"
         and q.dtype == torch.bfloat16
         and storage.device.type == "cpu"
         and storage.dtype in KV_KINDS
-        and KV_KINDS[storage.dtype] != KV_KINDS[torch.float32]
+        and storage.dtype != torch.float32
         and storage.is_contiguous()
         and head_dim % 16 == 0
         and head_dim <= MAX_HEAD_DIM

@@ -14,6 +14,7 @@ from engine.cpu_kernels.grid_matmul import grid_matmul, pack_codes
 from engine.kv.pool import PagedKVPool
 from engine.kv.sizing import KVLayout
 from engine.layers.cpu_grid_weights import GridWeight, pack_grid_weights, pack_if_on_grid
+from tests.engine.conftest import count_calls
 
 pytestmark = pytest.mark.skipif(
     bool(library.unavailable()), reason=f"CPU kernels: {library.unavailable()}"
@@ -161,11 +162,7 @@ def test_a_model_decodes_the_same_tokens_on_the_cpu_backend(tiny_llama_dir, kv, 
     from engine import LLM, SamplingParams
     from engine.attention import cpu_backend
 
-    calls = []
-    kernel = cpu_backend.paged_decode
-    monkeypatch.setattr(
-        cpu_backend, "paged_decode", lambda *a, **k: calls.append(1) or kernel(*a, **k)
-    )
+    calls = count_calls(monkeypatch, cpu_backend, "paged_decode")
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     prompts = [[5, 17, 42, 99, 3, 250, 7], [61, 88, 130, 12, 33, 301, 4, 76, 200, 9, 14]]
 

@@ -12,6 +12,7 @@ from engine.cpu_kernels import library
 from engine.cpu_kernels.paged_prefill import paged_prefill, prefill_supports
 from engine.kv.pool import PagedKVPool
 from engine.kv.sizing import KVLayout
+from tests.engine.conftest import count_calls
 
 pytestmark = pytest.mark.skipif(
     bool(library.unavailable()) or not library.has_cpu_flag("avx512_bf16"),
@@ -107,11 +108,7 @@ def test_a_bf16_model_prefills_the_same_on_the_cpu_backend(tiny_llama_dir, kv, m
     from engine import LLM
     from engine.attention import cpu_backend
 
-    calls = []
-    kernel = cpu_backend.paged_prefill
-    monkeypatch.setattr(
-        cpu_backend, "paged_prefill", lambda *a, **k: calls.append(1) or kernel(*a, **k)
-    )
+    calls = count_calls(monkeypatch, cpu_backend, "paged_prefill")
     prompt = [(7 * i + 3) % 300 + 2 for i in range(90)]
 
     def logits(backend, chunk):
