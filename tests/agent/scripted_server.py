@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -222,8 +223,13 @@ def _pieces(text: str, size: int = 7) -> list[str]:
 
 
 def wait_for(flag: threading.Event, timeout: float = 10.0) -> None:
+    wait_until(flag.is_set, timeout, "the scripted server never got there")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    """Poll `condition`; the server having sent text is not the client having shown it."""
     deadline = time.monotonic() + timeout
-    while not flag.is_set():
+    while not condition():
         if time.monotonic() > deadline:
-            raise TimeoutError("the scripted server never got there")
+            raise TimeoutError(what or "the condition never held")
         time.sleep(0.01)

@@ -17,6 +17,7 @@ from tests.agent.scripted_server import (
     ScriptedServer,
     call,
     wait_for,
+    wait_until,
 )
 from tools import ApprovalMode
 
@@ -35,6 +36,10 @@ async def start(server, approval=ApprovalMode.ASK, approve=None, **options):
 
 def types(events):
     return [e.type for e in events]
+
+
+def shown(events) -> str:
+    return "".join(e.text for e in list(events) if e.type == "text_delta")
 
 
 def assert_consistent(messages):
@@ -150,6 +155,8 @@ def test_interrupt_during_generation(repo):
             runtime, events = await start(server)
             task = asyncio.create_task(runtime.agent.run_task("slow"))
             await asyncio.to_thread(wait_for, server.stalled)
+            # The server has sent the text; interrupt once the client has it all too.
+            await asyncio.to_thread(wait_until, lambda: shown(events) == "I am thinking about")
             runtime.agent.interrupt()
             outcome = await asyncio.wait_for(task, 10)
             await asyncio.to_thread(wait_for, server.aborted)  # the request was dropped

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from agent.cli import app
 from agent.repl import Repl
 from agent.runtime import RuntimeOptions
-from tests.agent.scripted_server import Reply, ScriptedServer, call, wait_for
+from tests.agent.scripted_server import Reply, ScriptedServer, call, wait_for, wait_until
 
 EDIT = call("edit", path="calc.py", old_string="return a - b", new_string="return a + b")
 
@@ -152,7 +152,9 @@ def test_ctrl_c_interrupts_the_answer_and_the_session_goes_on(repo):
         repl_, out = make_repl(server.url, "think", "are you there?", "/quit")
 
         def press_ctrl_c() -> None:
+            # Press only once the whole streamed text is on screen, as a user would.
             wait_for(server.stalled)
+            wait_until(lambda: "Thinking hard" in out.getvalue(), what="text never shown")
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
         presser = threading.Thread(target=press_ctrl_c, daemon=True)
