@@ -60,32 +60,33 @@ def test_workdir_is_confined(ctx, workspace, outside):
 
 
 def test_stdin_is_closed_so_prompts_do_not_hang(ctx):
-    started = time.monotonic()
-    result = _shell(ctx, "cat; read -r answer; echo got:$answer", timeout_s=10)
+    # A prompt that waited for input would run into the timeout and fail the call.
+    result = _shell(ctx, "cat; read -r answer; echo got:$answer", timeout_s=30)
     assert result.ok and "got:" in result.output
-    assert time.monotonic() - started < 5
 
 
 def test_timeout_kills_grandchildren(ctx):
     started = time.monotonic()
+    # 2 s: both children must have started and printed their PIDs on a loaded machine.
     result = _shell(
-        ctx, "sleep 100 & echo $!; bash -c 'sleep 100 & echo $!; wait' & sleep 100", timeout_s=0.5
+        ctx, "sleep 100 & echo $!; bash -c 'sleep 100 & echo $!; wait' & sleep 100", timeout_s=2
     )
     assert result.data["timed_out"] and not result.ok
-    assert "timed out after 0.5s" in result.output
+    assert "timed out after 2s" in result.output
     pids = _pids(result.output)
     assert len(pids) == 2
     assert all(_gone(pid) for pid in pids)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # killed, not left to sleep 100 s
 
 
 def test_a_command_ignoring_sigterm_is_killed(ctx):
     started = time.monotonic()
-    result = _shell(ctx, "trap '' TERM; (trap '' TERM; sleep 100) & echo $!; wait", timeout_s=0.5)
+    result = _shell(ctx, "trap '' TERM; (trap '' TERM; sleep 100) & echo $!; wait", timeout_s=2)
     assert result.data["timed_out"]
     assert result.data["signal"] == 9  # SIGTERM was ignored, SIGKILL was not
-    assert all(_gone(pid) for pid in _pids(result.output))
-    assert time.monotonic() - started < 5
+    pids = _pids(result.output)
+    assert pids and all(_gone(pid) for pid in pids)
+    assert time.monotonic() - started < 30
 
 
 def test_background_children_do_not_outlive_the_call(ctx):
@@ -93,25 +94,40 @@ def test_background_children_do_not_outlive_the_call(ctx):
     result = _shell(ctx, "sleep 100 & echo $!; echo done")
     assert result.ok and "done" in result.output
     assert _gone(_pids(result.output)[0])
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30
 
 
-def test_cancellation_kills_the_group(ctx):
-    timer = threading.Timer(0.3, ctx.cancel_event.set)
-    timer.start()
+def cancel_once_written(ctx, pid_file: Path) -> threading.Thread:
+    """Set the cancel event once the shell has written its background child's PID."""
+
+    def wait_then_cancel() -> None:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text().strip()):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        ctx.cancel_event.set()
+
+    thread = threading.Thread(target=wait_then_cancel, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_cancellation_kills_the_group(ctx, workspace):
+    pid_file = workspace / "background.pid"
+    canceller = cancel_once_written(ctx, pid_file)
     started = time.monotonic()
-    result = _shell(ctx, "sleep 100 & echo $!; sleep 100", timeout_s=60)
-    timer.join()
+    result = _shell(ctx, "sleep 100 & echo $! > background.pid; sleep 100", timeout_s=60)
+    canceller.join()
     assert result.data["cancelled"] and not result.ok
     assert "interrupted" in result.output
-    assert _gone(_pids(result.output)[0])
-    assert time.monotonic() - started < 5
+    assert _gone(int(pid_file.read_text()))
+    assert time.monotonic() - started < 30
     assert not _shell(ctx, "echo never").ok  # still interrupted: nothing new starts
 
 
 def test_hundred_megabytes_of_output_keep_head_and_tail(workspace):
     ctx = ToolContext(workspace=workspace, limits=ToolLimits(shell_output_chars=10_000))
-    started = time.monotonic()
     result = default_registry().call(
         "shell", {"command": "echo FIRST; head -c 100000000 /dev/zero | tr '\\0' 'x'; echo; echo LAST"},
         ctx,
@@ -122,7 +138,6 @@ def test_hundred_megabytes_of_output_keep_head_and_tail(workspace):
     assert "bytes omitted from the middle" in result.output
     assert result.data["omitted_bytes"] > 99_000_000
     assert len(result.output) < 11_000
-    assert time.monotonic() - started < 20
 
 
 def test_head_tail_cut_at_line_boundaries():
@@ -256,17 +271,22 @@ def test_task_count_includes_threads():
             worker.join()
 
 
-def test_async_run_is_interrupted_by_the_cancel_event(ctx, registry):
+def test_async_run_is_interrupted_by_the_cancel_event(ctx, registry, workspace):
+    pid_file = workspace / "background.pid"
+    command = "sleep 100 & echo $! > background.pid; sleep 100"
+
     async def scenario():
-        call = registry.parse("shell", {"command": "sleep 100 & echo $!; sleep 100"})
-        task = asyncio.create_task(registry.run_async(call, ctx))
-        await asyncio.sleep(0.3)
-        ctx.cancel_event.set()
-        return await asyncio.wait_for(task, timeout=5)
+        task = asyncio.create_task(
+            registry.run_async(registry.parse("shell", {"command": command}), ctx)
+        )
+        canceller = cancel_once_written(ctx, pid_file)
+        result = await asyncio.wait_for(task, timeout=40)
+        canceller.join()
+        return result
 
     result = asyncio.run(scenario())
     assert result.data["cancelled"]
-    assert _gone(_pids(result.output)[0])
+    assert _gone(int(pid_file.read_text()))
 
 
 def test_an_endless_flood_of_output_still_times_out(ctx):
@@ -274,4 +294,4 @@ def test_an_endless_flood_of_output_still_times_out(ctx):
     result = _shell(ctx, "yes flood", timeout_s=0.5)
     assert result.data["timed_out"] and result.truncated
     assert "flood" in result.output
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30
