@@ -51,10 +51,10 @@ def test_missing_or_wrong_api_key_is_401(tiny_server):
         assert_error(response, 401)
         assert response.json()["error"]["type"] == "authentication_error"
     for path in ("/v1/models", "/metrics", "/v1/engine/stats"):
-        assert httpx.get(tiny_server.url + path).status_code == 401
+        assert httpx.get(tiny_server.url + path, timeout=60).status_code == 401
     with pytest.raises(openai.AuthenticationError):
         client_for(tiny_server, api_key="wrong").models.list()
-    assert httpx.get(tiny_server.url + "/health").status_code == 200  # open by design
+    assert httpx.get(tiny_server.url + "/health", timeout=60).status_code == 200  # open by design
 
 
 def test_bad_json_is_400(tiny_server):
@@ -165,8 +165,8 @@ def test_a_flood_of_bad_requests_leaves_good_ones_served(tiny_server):
     bad_codes, good_codes = asyncio.run(flood())
     assert all(400 <= code < 500 for code in bad_codes), sorted(set(bad_codes))
     assert good_codes == [200] * 8
-    assert httpx.get(tiny_server.url + "/health").status_code == 200
+    assert httpx.get(tiny_server.url + "/health", timeout=60).status_code == 200
     reply = client_for(tiny_server).completions.create(model="tiny-llama", prompt="x", max_tokens=2)
     assert reply.choices[0].text is not None
-    stats = httpx.get(tiny_server.url + "/v1/engine/stats", headers=AUTH).json()
+    stats = httpx.get(tiny_server.url + "/v1/engine/stats", headers=AUTH, timeout=60).json()
     assert stats["running"] == 0 and stats["waiting"] == 0 and stats["used_tokens"] == 0

@@ -163,14 +163,16 @@ def test_client_disconnect_frees_pages(fp8_server):
         "ignore_eos": True,
         "stream": True,
     }
-    with httpx.stream("POST", fp8_server.url + "/v1/chat/completions", json=body) as response:
+    with httpx.stream(
+        "POST", fp8_server.url + "/v1/chat/completions", json=body, timeout=60
+    ) as response:
         assert response.status_code == 200
         lines = (line for line in response.iter_lines() if line.startswith("data: "))
         for _ in range(4):
             next(lines)
         during = stats(fp8_server)
         assert during["running"] == 1 and during["used_tokens"] > baseline["used_tokens"]
-    after = wait_until_idle(fp8_server, timeout=20)
+    after = wait_until_idle(fp8_server, timeout=60)
     assert after["used_tokens"] == baseline["used_tokens"]
 
 
@@ -184,7 +186,7 @@ def test_models_stats_and_metrics(default_server):
         assert key in current
     assert current["max_context_tokens"] == 8192
     assert len(current["kv_scales"]["k"]) == len(current["kv_scales"]["v"]) == 30
-    metrics = httpx.get(default_server.url + "/metrics").text
+    metrics = httpx.get(default_server.url + "/metrics", timeout=60).text
     for name in (
         "resident_http_requests_total",
         "resident_prompt_tokens_total",

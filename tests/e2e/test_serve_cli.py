@@ -104,13 +104,15 @@ def test_resident_serve_starts_answers_and_stops(tmp_path):
             assert process.poll() is None, log_path.read_text()
             assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.25)
-        assert httpx.get(url + "/v1/models").status_code == 401
-        models = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer secret"}).json()
+        auth = {"Authorization": "Bearer secret"}
+        assert httpx.get(url + "/v1/models", timeout=60).status_code == 401
+        models = httpx.get(url + "/v1/models", headers=auth, timeout=60).json()
         assert models["data"][0]["id"] == str(model_dir)
         reply = httpx.post(
             url + "/v1/completions",
             json={"model": "tiny-served", "prompt": "def", "max_tokens": 2},
-            headers={"Authorization": "Bearer secret"},
+            headers=auth,
+            timeout=120,  # the first step may compile the CPU kernels
         )
         assert reply.status_code == 200, reply.text
     finally:
