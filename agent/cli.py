@@ -13,23 +13,19 @@ import sys
 
 import typer
 
+from agent.cli_bench import bench_app
+from agent.cli_common import MODEL_HELP, fail
+from agent.cli_models import models_app
+
 app = typer.Typer(
     help="Resident: a terminal coding agent on its own inference engine.",
     no_args_is_help=False,
     add_completion=False,
 )
-models_app = typer.Typer(help="List and fetch models.", no_args_is_help=True)
-bench_app = typer.Typer(help="Measurements that print JSON.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
 
-MODEL_HELP = "Model name (see `resident models list`), Hugging Face model folder, or .gguf file."
 APPROVAL_HELP = "read-only, ask (asks; nobody answers in headless runs), auto-edit or full-auto."
-
-
-def _fail(message: str, code: int = 1) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code)
 
 
 def _check_agent_options(model: str | None, attach: str | None, approval: str):
@@ -37,11 +33,11 @@ def _check_agent_options(model: str | None, attach: str | None, approval: str):
     from tools import ApprovalMode
 
     if model and attach is None and model.startswith(("http://", "https://")):
-        _fail("--model takes a model name or path; use --attach URL for a server", code=2)
+        fail("--model takes a model name or path; use --attach URL for a server", code=2)
     try:
         return ApprovalMode(approval)
     except ValueError:
-        _fail(f"--approval must be one of: {', '.join(m.value for m in ApprovalMode)}", code=2)
+        fail(f"--approval must be one of: {', '.join(m.value for m in ApprovalMode)}", code=2)
 
 
 def _on_terminal() -> bool:
@@ -77,7 +73,7 @@ def main(
 
     mode = _check_agent_options(model, attach, approval)
     if resume and continue_last:
-        _fail("use --resume ID or --continue, not both", code=2)
+        fail("use --resume ID or --continue, not both", code=2)
     options = RuntimeOptions(
         model=model,
         attach=attach,
@@ -108,35 +104,8 @@ def main(
 
             code = run_repl(options)
     except EngineError as err:
-        _fail(str(err))
+        fail(str(err))
     raise typer.Exit(code)
-
-
-@models_app.command("list")
-def models_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Models Resident knows by name, and whether they are downloaded."""
-    from engine.model_store import list_models
-
-    entries = list_models()
-    if as_json:
-        typer.echo(json.dumps(entries, indent=2, default=str))
-        return
-    for entry in entries:
-        state = "present" if entry.get("present") else "not pulled (resident models pull)"
-        typer.echo(f"{entry['name']:28} {state:36} {entry.get('path', '')}")
-
-
-@models_app.command("pull")
-def models_pull() -> None:
-    """Fetch and convert the default model (SmolLM2-135M-Instruct); does nothing if present."""
-    from engine.errors import EngineError
-    from engine.model_store import pull_default_model
-
-    try:
-        path = pull_default_model(progress=sys.stderr.isatty())
-    except EngineError as err:
-        _fail(str(err))
-    typer.echo(str(path))
 
 
 @app.command("serve")
@@ -152,7 +121,9 @@ def serve(
         "(hadamard for fp8_e4m3 unless fixed KV scales were measured without rotation).",
     ),
     kv_scales: str = typer.Option(
-        None, "--kv-scales", help="JSON file of KV scales (see LLM.calibrate_kv_scales)."
+        None,
+        "--kv-scales",
+        help="JSON file of KV scales (write one with `resident models calibrate`).",
     ),
     kv_scales_per_head: bool = typer.Option(
         False, "--kv-scales-per-head", help="Calibrate one FP8 scale per KV head, not per layer."
@@ -203,11 +174,11 @@ def serve(
     try:
         check_options(options)
     except ServeUsageError as err:
-        _fail(str(err), code=2)
+        fail(str(err), code=2)
     try:
         run_server(options)
     except (EngineError, ValueError) as err:
-        _fail(str(err))
+        fail(str(err))
 
 
 @app.command("run")
@@ -239,10 +210,10 @@ def run(
     if task == "-":
         task = sys.stdin.read()
     if not task.strip():
-        _fail("the task is empty", code=2)
+        fail("the task is empty", code=2)
     mode = _check_agent_options(model, attach, approval)
     if resume and continue_last:
-        _fail("use --resume ID or --continue, not both", code=2)
+        fail("use --resume ID or --continue, not both", code=2)
     options = RuntimeOptions(
         model=model,
         attach=attach,
@@ -302,9 +273,9 @@ def plan_command(
 
     specs = list(model or []) + (preset_names() if all_presets else [])
     if not specs:
-        _fail(f"pass --model (a preset: {', '.join(preset_names())}) or --all-presets", code=2)
+        fail(f"pass --model (a preset: {', '.join(preset_names())}) or --all-presets", code=2)
     if weights is not None and weights not in ("bf16", "fp8", "int4"):
-        _fail("--weights must be bf16, fp8 or int4", code=2)
+        fail("--weights must be bf16, fp8 or int4", code=2)
     overrides = {
         "memory_fraction": memory_fraction,
         "activation_reserve_gib": activation_reserve,
@@ -321,7 +292,7 @@ def plan_command(
     try:
         plans = [plan(spec, inputs) for spec in specs]
     except EngineError as err:
-        _fail(str(err), code=2)
+        fail(str(err), code=2)
     if as_json:
         typer.echo(json.dumps(plans[0] if len(plans) == 1 else plans, indent=2))
         return
@@ -333,101 +304,6 @@ def plan_command(
     console.print(render_plans(plans))
     for line in assumption_lines(plans):
         console.print(line, highlight=False, soft_wrap=True)
-
-
-@bench_app.command("throughput")
-def bench_throughput(
-    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    max_tokens: int = typer.Option(128, help="Tokens generated per prompt."),
-    batch: int = typer.Option(16, help="Prompts in the batched run."),
-    skip_transformers: bool = typer.Option(False, help="Measure the engine only."),
-    prefill_tokens: int = typer.Option(4096, min=1, help="Tokens of the cold prefill run."),
-    repeats: int = typer.Option(3, min=1, help="Timed runs per figure; the best counts."),
-) -> None:
-    """Decode tokens/s: engine (BF16 and FP8 KV) against transformers' generate."""
-    from engine.benchmarks.throughput import format_table, run_throughput
-    from engine.errors import EngineError
-
-    try:
-        result = run_throughput(
-            model,
-            max_tokens,
-            batch,
-            with_transformers=not skip_transformers,
-            prefill_tokens=prefill_tokens,
-            repeats=repeats,
-        )
-    except (EngineError, ValueError) as err:
-        _fail(str(err), code=2)
-    typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))
-
-
-@bench_app.command("accuracy")
-def bench_accuracy(
-    model: str = typer.Option(
-        "smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP + " tiny:FAMILY: random."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    variants: str = typer.Option(
-        "fp8_per_tensor,fp8_per_head,fp8_hadamard,bf16_hadamard",
-        help="Compared with BF16 KV: fp8_per_tensor, fp8_per_head, fp8_hadamard, "
-        "fp8_hadamard_per_head, bf16_hadamard.",
-    ),
-    contexts: str = typer.Option("2048,8192", help="Window lengths (capped at the model's)."),
-    windows: str = typer.Option("6,1", help="Python-source windows per context."),
-    prose_windows: str = typer.Option("2,1", help="Prose windows per context."),
-    decode_tokens: int = typer.Option(32, min=0, help="Last tokens of a window run as decode."),
-    calibration: str = typer.Option(
-        "held-out", help="held-out (text after the scored) or first-prefill."
-    ),
-    calibration_tokens: int = typer.Option(1024, min=0, help="Held-out tokens per text."),
-) -> None:
-    """Perplexity and top-1 agreement of FP8 KV variants against BF16 KV."""
-    from engine.benchmarks.accuracy import format_table, run_accuracy
-
-    def numbers(value: str, flag: str) -> tuple[int, ...]:
-        try:
-            return tuple(int(part) for part in value.split(","))
-        except ValueError:
-            _fail(f"{flag} takes comma-separated integers", code=2)
-
-    try:
-        result = run_accuracy(
-            model,
-            variants=tuple(v.strip() for v in variants.split(",") if v.strip()),
-            contexts=numbers(contexts, "--contexts"),
-            python_windows=numbers(windows, "--windows"),
-            prose_windows=numbers(prose_windows, "--prose-windows"),
-            decode_tokens=decode_tokens,
-            calibration=calibration,
-            calibration_tokens=calibration_tokens,
-        )
-    except ValueError as err:
-        _fail(str(err), code=2)
-    typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))
-
-
-@bench_app.command("prefix")
-def bench_prefix(
-    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    prefix_tokens: int = typer.Option(6000, help="Tokens of the shared prefix."),
-    kv_cache_dtype: str = typer.Option("fp8_e4m3", help="auto, bf16 or fp8_e4m3"),
-) -> None:
-    """Time to first token with a cached shared prefix against a cold one, over HTTP."""
-    from engine.benchmarks.serving import run_prefix
-
-    result = run_prefix(model, prefix_tokens, kv_cache_dtype)
-    if as_json:
-        typer.echo(json.dumps(result, indent=2))
-        return
-    ttft = result["ttft_s"]
-    typer.echo(
-        f"prompt {result['prompt_tokens']} tokens, {result['cached_tokens_warm']} cached: "
-        f"TTFT warm {ttft['warm']:.3f}s, cold {ttft['cold']:.3f}s, "
-        f"ratio {result['warm_over_cold']:.3f} (target <= {result['target_warm_over_cold']})"
-    )
 
 
 if __name__ == "__main__":

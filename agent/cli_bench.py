@@ -1,0 +1,106 @@
+"""`resident bench`: measurements that print JSON (tables without --json)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from agent.cli_common import MODEL_HELP, fail
+
+bench_app = typer.Typer(help="Measurements that print JSON.", no_args_is_help=True)
+
+
+@bench_app.command("throughput")
+def bench_throughput(
+    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    max_tokens: int = typer.Option(128, help="Tokens generated per prompt."),
+    batch: int = typer.Option(16, help="Prompts in the batched run."),
+    skip_transformers: bool = typer.Option(False, help="Measure the engine only."),
+    prefill_tokens: int = typer.Option(4096, min=1, help="Tokens of the cold prefill run."),
+    repeats: int = typer.Option(3, min=1, help="Timed runs per figure; the best counts."),
+) -> None:
+    """Decode tokens/s: engine (BF16 and FP8 KV) against transformers' generate."""
+    from engine.benchmarks.throughput import format_table, run_throughput
+    from engine.errors import EngineError
+
+    try:
+        result = run_throughput(
+            model,
+            max_tokens,
+            batch,
+            with_transformers=not skip_transformers,
+            prefill_tokens=prefill_tokens,
+            repeats=repeats,
+        )
+    except (EngineError, ValueError) as err:
+        fail(str(err), code=2)
+    typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+
+
+@bench_app.command("accuracy")
+def bench_accuracy(
+    model: str = typer.Option(
+        "smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP + " tiny:FAMILY: random."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    variants: str = typer.Option(
+        "fp8_per_tensor,fp8_per_head,fp8_hadamard,bf16_hadamard",
+        help="Compared with BF16 KV: fp8_per_tensor, fp8_per_head, fp8_hadamard, "
+        "fp8_hadamard_per_head, bf16_hadamard.",
+    ),
+    contexts: str = typer.Option("2048,8192", help="Window lengths (capped at the model's)."),
+    windows: str = typer.Option("6,1", help="Python-source windows per context."),
+    prose_windows: str = typer.Option("2,1", help="Prose windows per context."),
+    decode_tokens: int = typer.Option(32, min=0, help="Last tokens of a window run as decode."),
+    calibration: str = typer.Option(
+        "held-out", help="held-out (text after the scored) or first-prefill."
+    ),
+    calibration_tokens: int = typer.Option(1024, min=0, help="Held-out tokens per text."),
+) -> None:
+    """Perplexity and top-1 agreement of FP8 KV variants against BF16 KV."""
+    from engine.benchmarks.accuracy import format_table, run_accuracy
+
+    def numbers(value: str, flag: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(part) for part in value.split(","))
+        except ValueError:
+            fail(f"{flag} takes comma-separated integers", code=2)
+
+    try:
+        result = run_accuracy(
+            model,
+            variants=tuple(v.strip() for v in variants.split(",") if v.strip()),
+            contexts=numbers(contexts, "--contexts"),
+            python_windows=numbers(windows, "--windows"),
+            prose_windows=numbers(prose_windows, "--prose-windows"),
+            decode_tokens=decode_tokens,
+            calibration=calibration,
+            calibration_tokens=calibration_tokens,
+        )
+    except ValueError as err:
+        fail(str(err), code=2)
+    typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+
+
+@bench_app.command("prefix")
+def bench_prefix(
+    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    prefix_tokens: int = typer.Option(6000, help="Tokens of the shared prefix."),
+    kv_cache_dtype: str = typer.Option("fp8_e4m3", help="auto, bf16 or fp8_e4m3"),
+) -> None:
+    """Time to first token with a cached shared prefix against a cold one, over HTTP."""
+    from engine.benchmarks.serving import run_prefix
+
+    result = run_prefix(model, prefix_tokens, kv_cache_dtype)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    ttft = result["ttft_s"]
+    typer.echo(
+        f"prompt {result['prompt_tokens']} tokens, {result['cached_tokens_warm']} cached: "
+        f"TTFT warm {ttft['warm']:.3f}s, cold {ttft['cold']:.3f}s, "
+        f"ratio {result['warm_over_cold']:.3f} (target <= {result['target_warm_over_cold']})"
+    )

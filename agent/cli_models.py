@@ -1,0 +1,127 @@
+"""`resident models`: list, fetch, and calibrate FP8 KV scales for a model."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from agent.cli_common import MODEL_HELP, fail
+
+models_app = typer.Typer(
+    help="List, fetch, and calibrate FP8 KV scales for models.", no_args_is_help=True
+)
+
+
+@models_app.command("list")
+def models_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Models Resident knows by name, and whether they are downloaded."""
+    from engine.model_store import list_models
+
+    entries = list_models()
+    if as_json:
+        typer.echo(json.dumps(entries, indent=2, default=str))
+        return
+    for entry in entries:
+        state = "present" if entry.get("present") else "not pulled (resident models pull)"
+        typer.echo(f"{entry['name']:28} {state:36} {entry.get('path', '')}")
+
+
+@models_app.command("pull")
+def models_pull() -> None:
+    """Fetch and convert the default model (SmolLM2-135M-Instruct); does nothing if present."""
+    from engine.errors import EngineError
+    from engine.model_store import pull_default_model
+
+    try:
+        path = pull_default_model(progress=sys.stderr.isatty())
+    except EngineError as err:
+        fail(str(err))
+    typer.echo(str(path))
+
+
+def _calibration_texts(paths: list[Path]) -> tuple[list[str], int]:
+    """The texts under `paths` as the resident snapshot would take them (ignored, binary,
+    generated and oversized files left out), and how many files they came from."""
+    from agent.context.selection import DEFAULT_MAX_FILE_BYTES, read_candidate, select_files
+
+    texts: list[str] = []
+    for path in paths:
+        if path.is_dir():
+            files, _ = select_files(path)
+            texts += [file.text for file in files]
+        elif path.is_file():
+            entry, why = read_candidate(path.parent, path.name, DEFAULT_MAX_FILE_BYTES)
+            if entry is None:
+                fail(f"{path}: not usable text ({why.reason if why else 'unreadable'})", code=2)
+            texts.append(entry.text)
+        else:
+            fail(f"{path}: no such file or folder", code=2)
+    return texts, len(texts)
+
+
+@models_app.command("calibrate")
+def models_calibrate(
+    paths: list[Path] = typer.Argument(
+        None, help="Files or folders of text like what will be served [the current folder]."
+    ),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="The scales file to write (`resident serve --kv-scales`)."
+    ),
+    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP),
+    dtype: str = typer.Option("auto", help="auto, bfloat16 or float32"),
+    kv_rotation: str = typer.Option(
+        "auto", help="none, hadamard, or auto (hadamard); serve with the same rotation."
+    ),
+    kv_scales_per_head: bool = typer.Option(
+        False, "--kv-scales-per-head", help="One FP8 scale per KV head, not per layer."
+    ),
+    window: int = typer.Option(2048, min=16, help="Tokens per window (capped at the context)."),
+    max_windows: int = typer.Option(32, min=1, help="Windows prefilled, evenly spread."),
+    margin: float = typer.Option(
+        None, min=1.0, help="Headroom over the measured |max| [the engine's default, 1.25]."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the scales document."),
+) -> None:
+    """Measure FP8 KV scales on your own text and write them for `resident serve --kv-scales`."""
+    from engine import LLM
+    from engine.calibration import calibrate_on_texts
+    from engine.errors import EngineError
+
+    if kv_rotation not in ("auto", "none", "hadamard"):
+        fail("--kv-rotation must be auto, none or hadamard", code=2)
+    if dtype not in ("auto", "bfloat16", "float32"):
+        fail("--dtype must be auto, bfloat16 or float32", code=2)
+    if not out.parent.is_dir():
+        fail(f"--out: the folder {out.parent} does not exist", code=2)
+    texts, files = _calibration_texts(paths or [Path.cwd()])
+    if not texts:
+        fail("no text files to calibrate on under the given paths", code=2)
+    try:
+        llm = LLM(
+            model,
+            dtype=dtype,
+            kv_cache_dtype="fp8_e4m3",
+            attention_backend="auto",
+            kv_rotation=kv_rotation,
+            kv_scales_per_head=kv_scales_per_head,
+            enable_prefix_caching=False,
+        )
+        document = calibrate_on_texts(
+            llm, texts, window=window, max_windows=max_windows, path=out, margin=margin
+        )
+    except EngineError as err:
+        fail(str(err))
+    document["files"] = files
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+        return
+    typer.echo(
+        f"wrote {out}: {document['granularity'].replace('_', ' ')} scales, rotation "
+        f"{document['kv_rotation']}, from {document['windows']} windows of up to "
+        f"{document['window_tokens']:,} tokens ({document['calibration_tokens']:,} of "
+        f"{document['corpus_tokens']:,} tokens in {files} files)\n"
+        f"serve with: resident serve --model {model} --kv-scales {out}"
+    )

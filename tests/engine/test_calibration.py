@@ -1,0 +1,69 @@
+"""FP8 KV scales calibrated on a body of text: windowing, the even spread, and that the
+scales equal LLM.calibrate_kv_scales on the same windows given as prompts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import LLM
+from engine.calibration import MIN_WINDOW_TOKENS, calibrate_on_texts, calibration_windows
+from engine.errors import EngineError
+
+WORDS = "def add(a, b):\n    return a + b\n\nclass Point:\n    x: int\n    y: int\n"
+
+
+def test_windows_cut_every_list_and_keep_a_long_enough_tail():
+    first, second = list(range(100)), list(range(1000, 1040))
+    windows = calibration_windows([first, second], window=32, max_windows=100)
+    # 100 = 32 + 32 + 32 + 4 (the 4-token tail is dropped); 40 = 32 + 8 (dropped too).
+    assert windows == [first[0:32], first[32:64], first[64:96], second[0:32]]
+    short_tail = calibration_windows([list(range(32 + MIN_WINDOW_TOKENS))], 32, 100)
+    assert [len(w) for w in short_tail] == [32, MIN_WINDOW_TOKENS]
+
+
+def test_windows_beyond_the_budget_are_spread_over_the_whole_corpus():
+    lists = [[n] * 20 for n in range(10)]  # ten texts, one window each
+    picked = calibration_windows(lists, window=20, max_windows=4)
+    assert [w[0] for w in picked] == [0, 3, 6, 9]  # first and last text included
+    assert [w[0] for w in calibration_windows(lists, 20, 1)] == [5]
+
+
+def test_window_and_budget_limits_are_errors():
+    with pytest.raises(EngineError, match="at least"):
+        calibration_windows([[1] * 100], window=MIN_WINDOW_TOKENS - 1, max_windows=4)
+    with pytest.raises(EngineError, match="at least one window"):
+        calibration_windows([[1] * 100], window=32, max_windows=0)
+
+
+def _llm(model_dir) -> LLM:
+    return LLM(str(model_dir), dtype="float32", kv_cache_dtype="fp8_e4m3")
+
+
+def test_scales_equal_calibrating_on_the_same_windows_as_prompts(tiny_llama_dir, tmp_path):
+    texts = [WORDS * 40, WORDS * 3, "   \n"]
+    path = tmp_path / "scales.json"
+    llm = _llm(tiny_llama_dir)
+    document = calibrate_on_texts(llm, texts, window=4096, max_windows=5, path=path)
+    # The tiny model holds 512 positions: windows are capped so one more token fits.
+    assert document["window_tokens"] == llm.engine.max_model_len - 1 == 511
+    assert json.loads(path.read_text()) == document
+
+    reference = _llm(tiny_llama_dir)
+    ids = [reference.tokenizer.encode(t, add_special_tokens=False) for t in texts[:2]]
+    windows = calibration_windows(ids, 511, 5)
+    assert document["windows"] == len(windows) and document["calibration_tokens"] == sum(
+        len(w) for w in windows
+    )
+    assert document["corpus_tokens"] == sum(len(i) for i in ids)
+    expected = reference.calibrate_kv_scales(windows)
+    assert (document["k"], document["v"]) == (expected["k"], expected["v"])
+
+    served = LLM(str(tiny_llama_dir), dtype="float32", kv_scales_file=str(path))
+    assert served.engine.pool.scales() == {"k": document["k"], "v": document["v"]}
+
+
+def test_texts_without_a_window_are_an_error(tiny_llama_dir):
+    with pytest.raises(EngineError, match="no window"):
+        calibrate_on_texts(_llm(tiny_llama_dir), ["x", "   "], window=64)
