@@ -89,6 +89,7 @@ def models_calibrate(
     from engine import LLM
     from engine.calibration import calibrate_on_texts
     from engine.errors import EngineError
+    from engine.kv.scales import write_scales_file
 
     if kv_rotation not in ("auto", "none", "hadamard"):
         fail("--kv-rotation must be auto, none or hadamard", code=2)
@@ -110,11 +111,12 @@ def models_calibrate(
             enable_prefix_caching=False,
         )
         document = calibrate_on_texts(
-            llm, texts, window=window, max_windows=max_windows, path=out, margin=margin
+            llm, texts, window=window, max_windows=max_windows, margin=margin
         )
     except EngineError as err:
         fail(str(err))
     document["files"] = files
+    write_scales_file(out, document)
     if as_json:
         typer.echo(json.dumps(document, indent=2))
         return

@@ -20,13 +20,30 @@ class AttentionMetadata:
     query_index: torch.Tensor  # [B, Q] flat token index of each query (pads -> 0)
     output_index: torch.Tensor  # [T] position in the flattened [B*Q] grid of each token
     context_slots: torch.Tensor  # [B, L] cache slots of each sequence's context
-    mask: torch.Tensor | None  # [B, 1, Q, L] True where a query may attend; None = all
+    query_positions: torch.Tensor  # [B, Q] absolute position of each query, on the CPU
     is_causal_single: bool  # one sequence, no cached prefix: plain causal attention
     query_lens: list[int]
     context_lens: list[int]
     decode_only: bool = False  # every sequence has exactly one query this step
     key_padding: torch.Tensor | None = None  # [B, 1, 1, L] True at padding (decode only)
     context_len_tensor: torch.Tensor | None = None  # context_lengths(), built on first use
+    mask_cache: torch.Tensor | None = None  # mask, built on first use
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        """[B, 1, Q, L] True where a query may attend; None when all may (one fresh
+        sequence, or one decode). Built on first use: the C and Triton kernels apply
+        the causal limit themselves, and at 2,048 queries over 8,000 positions the
+        mask is 16 MB per step that they would never read."""
+        if self.is_causal_single or (len(self.query_lens) == 1 and self.decode_only):
+            return None
+        if self.mask_cache is None:
+            # A query at absolute position p attends to context positions <= p.
+            # Pad rows have p = 0, so they see slot position 0 and never a NaN row.
+            positions = torch.arange(max(self.context_lens))
+            mask = (positions[None, None, :] <= self.query_positions[:, :, None]).unsqueeze(1)
+            self.mask_cache = mask.to(self.slot_mapping.device)
+        return self.mask_cache
 
     def context_lengths(self) -> torch.Tensor:
         """context_lens as an int64 CPU tensor (built once)."""
@@ -59,13 +76,6 @@ class AttentionMetadata:
             slots[b, :ctx_len] = context_slots[b]
             start += q_len
         is_causal_single = batch == 1 and context_lens[0] == query_lens[0]
-        mask = None
-        if not is_causal_single and not (batch == 1 and max_q == 1):
-            # A query at absolute position p attends to context positions <= p.
-            # Pad rows have p = 0, so they see slot position 0 and never a NaN row.
-            positions = torch.arange(max_l)
-            mask = (positions[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
-            mask = mask.to(device)
         decode_only = max_q == 1
         key_padding = None
         if decode_only and batch > 1:
@@ -81,7 +91,7 @@ class AttentionMetadata:
             query_index=query_index.to(device),
             output_index=output_index.to(device),
             context_slots=slots.to(device),
-            mask=mask,
+            query_positions=query_pos,
             is_causal_single=is_causal_single,
             query_lens=list(query_lens),
             context_lens=list(context_lens),

@@ -46,7 +46,7 @@ def test_calibrates_on_a_folder_and_serve_reads_the_file(tiny_model, project, tm
     assert printed["files"] == 3  # calc.py, notes.md, .gitignore; not the PNG or build/
     assert printed["kv_rotation"] == "hadamard" and printed["window_tokens"] == 128
     written = json.loads(out.read_text())
-    assert written["k"] == printed["k"] and written["format"] == "resident-kv-scales"
+    assert written == printed and written["format"] == "resident-kv-scales"
     served = LLM(str(tiny_model), dtype="float32", kv_scales_file=str(out))
     assert served.engine.kv_rotation == "hadamard"
     assert served.engine.pool.scale_source == "file"

@@ -77,6 +77,14 @@ def test_prefill_matches_the_torch_backend(
         assert error <= BF16_TOL * want.float().abs().max()
 
 
+def test_the_kernel_never_builds_the_mask():
+    gen = torch.Generator().manual_seed(5)
+    pool, meta, k, v = _step("fp8_e4m3", False, 2, 64, [30, 0], [20, 12], gen)
+    q = torch.randn(32, 4, 64, generator=gen).bfloat16()
+    CPUAttentionBackend().forward(0, q, k, v, pool, meta, 0.125)
+    assert meta.mask_cache is None  # the causal limit is the kernel's own
+
+
 def test_prefill_leaves_float32_queries_and_storage_to_torch():
     storage = torch.zeros(32, 2, 2, 64, dtype=torch.bfloat16)
     assert not prefill_supports(torch.zeros(3, 4, 64), storage)  # float32 queries: exact path
