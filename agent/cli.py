@@ -177,6 +177,8 @@ def serve(
         fail(str(err), code=2)
     try:
         run_server(options)
+    except ServeUsageError as err:  # e.g. the port is taken
+        fail(str(err), code=2)
     except (EngineError, ValueError) as err:
         fail(str(err))
 

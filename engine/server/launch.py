@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import socket
 from dataclasses import dataclass
 
 log = logging.getLogger("resident.serve")
@@ -80,6 +81,28 @@ def check_options(options: ServeOptions) -> ServeOptions:
     if not 0 < options.port < 65536:
         raise ServeUsageError(f"--port must be 1..65535, not {options.port}")
     return options
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads: a port that is taken (or
+    not ours to take) is an error within a second, not after minutes of loading
+    weights, and nothing can take it while they load."""
+    address = host.strip("[]")
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # Lets a restarted server reuse the port while old connections sit in
+    # TIME_WAIT; on Linux it never lets two listeners share a port.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((address, port))
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        reason = err.strerror or str(err)
+        raise ServeUsageError(
+            f"cannot listen on {host}:{port}: {reason}; pick another --port or stop what holds it"
+        ) from err
+    return sock
 
 
 def build_engine(options: ServeOptions):
@@ -164,7 +187,12 @@ def serve(options: ServeOptions) -> None:
     from engine.server.served_model import ServedModel
 
     options = check_options(options)
-    engine = build_engine(options)
+    listener = bind_listener(options.host, options.port)
+    try:
+        engine = build_engine(options)
+    except BaseException:
+        listener.close()
+        raise
     try:
         model = ServedModel.from_engine(engine, options.model)
         stats = asyncio.run(engine.stats())
@@ -182,12 +210,14 @@ def serve(options: ServeOptions) -> None:
         app = create_app(engine, model, api_key=options.api_key)
         auth = "API key required" if options.api_key else "no API key"
         log.info("listening on http://%s:%d (%s)", options.host, options.port, auth)
-        uvicorn.run(
+        config = uvicorn.Config(
             app,
             host=options.host,
             port=options.port,
             log_level=options.log_level,
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
         )
+        uvicorn.Server(config).run(sockets=[listener])
     finally:
+        listener.close()
         engine.shutdown()

@@ -121,3 +121,23 @@ def test_resident_serve_starts_answers_and_stops(tmp_path):
     output = log_path.read_text()
     assert "KV cache: fp8_e4m3, capacity" in output and "scales from" in output
     assert "API key required" in output
+
+
+def test_a_taken_port_is_a_usage_error_before_the_model_loads(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # No such model: had the weights been loaded first, this would fail differently.
+        command = [
+            str(Path(sys.executable).parent / "resident"),
+            "serve",
+            "--model",
+            str(tmp_path / "no-model-here"),
+            "--port",
+            str(port),
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "in use" in done.stderr
+    assert "Traceback" not in done.stderr
