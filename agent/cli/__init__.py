@@ -3,6 +3,9 @@
 `resident` with no subcommand opens the agent on the current repository: the
 Textual TUI (agent/tui/) on a terminal, the line-by-line REPL
 (agent/repl.py) with `--plain` or when stdin or stdout is not a terminal.
+`resident models` lives in models.py and `resident bench` in bench.py. The
+CLI is the one place outside agent/clients that imports the engine: it hosts
+the engine's own commands (serve, plan, models, bench).
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ import sys
 
 import typer
 
-from agent.cli_bench import bench_app
-from agent.cli_common import MODEL_HELP, fail
-from agent.cli_models import models_app
+from agent.cli.bench import bench_app
+from agent.cli.common import MODEL_HELP, fail
+from agent.cli.models import models_app
 
 app = typer.Typer(
     help="Resident: a terminal coding agent on its own inference engine.",
@@ -306,7 +309,3 @@ def plan_command(
     console.print(render_plans(plans))
     for line in assumption_lines(plans):
         console.print(line, highlight=False, soft_wrap=True)
-
-
-if __name__ == "__main__":
-    app()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from agent.cli_common import MODEL_HELP, fail
+from agent.cli.common import MODEL_HELP, fail
 
 models_app = typer.Typer(
     help="List, fetch, and calibrate FP8 KV scales for models.", no_args_is_help=True

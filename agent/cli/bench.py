@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from agent.cli_common import MODEL_HELP, fail
+from agent.cli.common import MODEL_HELP, fail
 
 bench_app = typer.Typer(help="Measurements that print JSON.", no_args_is_help=True)
 

@@ -1,0 +1,5 @@
+"""`python -m agent.cli`: the `resident` command."""
+
+from agent.cli import app
+
+app()
