@@ -39,6 +39,17 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._loop, name="resident-engine", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def open(cls, config: EngineConfig) -> AsyncEngine:
+        """The engine as servers and the agent run it: an FP8 cache without fixed scales
+        is calibrated on a built-in sample first, so the first request, however short,
+        does not set them (engine.calibration)."""
+        from engine.calibration import calibrate_without_fixed_scales
+
+        engine = LLMEngine(config)
+        calibrate_without_fixed_scales(engine)
+        return cls(engine=engine)
+
     def is_alive(self) -> bool:
         """Whether the engine thread is still serving (for health checks)."""
         return self._thread.is_alive() and not self._stopped.is_set()

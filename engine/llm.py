@@ -47,6 +47,13 @@ class LLM:
         )
         self.engine = LLMEngine(self.config)
 
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        """An LLM over an engine already built (e.g. to calibrate it before serving)."""
+        llm = cls.__new__(cls)
+        llm.config, llm.engine = engine.config, engine
+        return llm
+
     @property
     def tokenizer(self):
         return self.engine.tokenizer
@@ -165,6 +172,7 @@ class LLM:
         prompts: SequenceABC[str | list[int]],
         path: str | Path | None = None,
         margin: float | None = None,
+        source: str = "calibrated",
     ) -> dict:
         """Calibrate the FP8 KV scales over a prompt set, freeze them, and return them.
 
@@ -192,7 +200,7 @@ class LLM:
             scales = pool.observed_scales(margin)
         finally:
             pool.observe(False)
-        pool.set_scales(*scales, source="calibrated")
+        pool.set_scales(*scales, source=source)
         if engine.prefix_cache is not None:
             engine.prefix_cache.clear()
         used_margin = CALIBRATION_MARGIN if margin is None else margin

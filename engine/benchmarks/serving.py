@@ -44,7 +44,7 @@ def local_server(model: str, **config):
     from engine.server.background import BackgroundServer
     from engine.server.served_model import ServedModel
 
-    engine = AsyncEngine(EngineConfig(model=model, **config))
+    engine = AsyncEngine.open(EngineConfig(model=model, **config))
     try:
         app = create_app(engine, ServedModel.from_engine(engine, model))
         with BackgroundServer(app) as server:

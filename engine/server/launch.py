@@ -126,7 +126,7 @@ def build_engine(options: ServeOptions):
     }
     if options.max_num_seqs is not None:
         settings["max_num_seqs"] = options.max_num_seqs
-    return AsyncEngine(EngineConfig(**settings))
+    return AsyncEngine.open(EngineConfig(**settings))
 
 
 def _scale_values(scales: dict) -> dict[str, list]:
@@ -147,6 +147,8 @@ def describe_kv(stats: dict) -> str:
         return f"{min(flat):.4g}..{max(flat):.4g}" if flat else "n/a"
 
     source = scales.get("source", "n/a")
+    if source == "sample":
+        source = "a built-in sample at start-up (resident models calibrate: your own text)"
     if source == "calibrate":
         done, total = scales.get("calibrated_layers"), scales.get("num_layers")
         pending = total is not None and done is not None and done < total

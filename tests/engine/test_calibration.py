@@ -8,7 +8,12 @@ import json
 import pytest
 
 from engine import LLM
-from engine.calibration import MIN_WINDOW_TOKENS, calibrate_on_texts, calibration_windows
+from engine.calibration import (
+    MIN_WINDOW_TOKENS,
+    body_tokens,
+    calibrate_on_texts,
+    calibration_windows,
+)
 from engine.errors import EngineError
 
 WORDS = "def add(a, b):\n    return a + b\n\nclass Point:\n    x: int\n    y: int\n"
@@ -51,8 +56,10 @@ def test_scales_equal_calibrating_on_the_same_windows_as_prompts(tiny_llama_dir,
     assert json.loads(path.read_text()) == document
 
     reference = _llm(tiny_llama_dir)
-    ids = [reference.tokenizer.encode(t, add_special_tokens=False) for t in texts[:2]]
+    # The texts one after another (the blank one left out), as the resident prefix lays files.
+    ids = [body_tokens(reference.tokenizer, texts)]
     windows = calibration_windows(ids, 511, 5)
+    assert all(len(w) == 511 for w in windows[:-1]) and len(windows) == 5
     assert document["windows"] == len(windows) and document["calibration_tokens"] == sum(
         len(w) for w in windows
     )
@@ -67,3 +74,44 @@ def test_scales_equal_calibrating_on_the_same_windows_as_prompts(tiny_llama_dir,
 def test_texts_without_a_window_are_an_error(tiny_llama_dir):
     with pytest.raises(EngineError, match="no window"):
         calibrate_on_texts(_llm(tiny_llama_dir), ["x", "   "], window=64)
+
+
+def test_the_body_is_every_text_in_order_encoded_a_piece_at_a_time(tiny_llama_dir):
+    tokenizer = _llm(tiny_llama_dir).tokenizer
+    long_text = "x = 1\n" * 5000  # 30,000 characters: encoded in two pieces
+
+    def encode(text):
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    assert body_tokens(tokenizer, ["a = 1\n", " \n", "b = 2\n"]) == (
+        encode("a = 1\n") + encode("\n\n") + encode("b = 2\n")
+    )
+    pieces = long_text[:15_996], long_text[15_996:]  # cut at the last line end within 16,000
+    assert body_tokens(tokenizer, [long_text]) == encode(pieces[0]) + encode(pieces[1])
+
+
+def test_servers_calibrate_on_the_sample_before_any_request(tiny_llama_dir, tmp_path):
+    """A first request of one token must not set (and freeze) the scales."""
+    from engine.async_engine import AsyncEngine
+    from engine.config import EngineConfig
+
+    engine = AsyncEngine.open(EngineConfig(model=str(tiny_llama_dir), dtype="float32"))
+    engine.shutdown()  # its thread stops; the engine itself is driven directly below
+    pool = engine.engine.pool
+    assert pool.scale_source == "sample" and pool.calibrated_layers == 2
+    before = pool.scales()
+    LLM.from_engine(engine.engine).generate([[7]])
+    assert pool.scales() == before
+
+    path = tmp_path / "scales.json"
+    path.write_text(json.dumps(before))
+    fixed = {"model": str(tiny_llama_dir), "dtype": "float32", "kv_rotation": "hadamard"}
+    for config in (
+        EngineConfig(**fixed, kv_scales_file=str(path)),  # given scales are kept
+        EngineConfig(**fixed, kv_cache_dtype="bf16"),  # nothing to calibrate
+    ):
+        engine = AsyncEngine.open(config)
+        try:
+            assert engine.engine.pool.scale_source in ("file", "none")
+        finally:
+            engine.shutdown()
