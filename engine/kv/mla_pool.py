@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kv.pool_base import PagedPoolBase
+from engine.kv.pool_base import PagedPoolBase, warn_if_short_calibration
 from engine.kv.quant import (
     HALF_TRICK_FACTOR,
     calibrate_scale,
@@ -113,6 +113,7 @@ class MLALatentPool(PagedPoolBase):
         """Store new tokens' latent [T, lora_rank] and rotated rope key [T, rope_dim] at `slots`."""
         if self.is_fp8:
             if not self._calibrated[layer]:
+                warn_if_short_calibration(layer, latent.shape[0])
                 self.latent_scale[layer] = calibrate_scale(latent)
                 self.rope_scale[layer] = calibrate_scale(rope)
                 self._calibrated[layer] = True

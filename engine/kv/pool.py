@@ -16,7 +16,7 @@ import logging
 
 import torch
 
-from engine.kv.pool_base import PagedPoolBase
+from engine.kv.pool_base import PagedPoolBase, warn_if_short_calibration
 from engine.kv.quant import (
     HALF_TRICK_FACTOR,
     calibrate_scale,
@@ -162,6 +162,7 @@ class PagedKVPool(PagedPoolBase):
         kv = torch.stack((k, v), dim=1)  # [T, 2, kv_heads, head_dim]
         if self.is_fp8:
             if not self._calibrated[layer]:
+                warn_if_short_calibration(layer, k.shape[0])
                 self._calibrate(layer, k, v)
             if self._observed is not None:
                 for seen, x in zip(self._observed, (k, v), strict=True):

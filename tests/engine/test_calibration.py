@@ -115,3 +115,13 @@ def test_servers_calibrate_on_the_sample_before_any_request(tiny_llama_dir, tmp_
             assert engine.engine.pool.scale_source in ("file", "none")
         finally:
             engine.shutdown()
+
+
+def test_a_short_first_prefill_warns_that_it_sets_the_scales(tiny_llama_dir, caplog):
+    with caplog.at_level("WARNING", logger="engine.kv.pool_base"):
+        _llm(tiny_llama_dir).generate([[7, 8, 9]])
+    assert "first prefill of only 3 tokens" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="engine.kv.pool_base"):
+        _llm(tiny_llama_dir).generate([list(range(3, 103))])
+    assert "first prefill" not in caplog.text
