@@ -41,8 +41,8 @@ class AsyncEngine:
 
     @classmethod
     def open(cls, config: EngineConfig) -> AsyncEngine:
-        """The engine as servers and the agent run it: an FP8 cache without fixed scales
-        is calibrated on a built-in sample first, so the first request, however short,
+        """The engine as `resident serve` runs it: an FP8 cache without fixed scales is
+        calibrated on a built-in sample first, so the first request, however short,
         does not set them (engine.calibration)."""
         from engine.calibration import calibrate_without_fixed_scales
 

@@ -19,8 +19,7 @@ from pathlib import Path
 from engine.errors import EngineError
 from engine.kv.scales import write_scales_file
 
-# Windows shorter than this add per-file noise (headers, licence lines) and
-# almost no positions; the tail of a text is dropped when it is that short.
+# A last slice shorter than this adds almost no positions; it is dropped.
 MIN_WINDOW_TOKENS = 16
 TEXT_SEPARATOR = "\n\n"
 PIECE_CHARS = 16_000  # about 4-5k tokens: under any model's length, so no tokenizer warns
@@ -98,8 +97,7 @@ def calibrate_on_texts(
     window = min(window, llm.engine.max_model_len - 1)
     tokenizer = llm.tokenizer
     body = body_tokens(tokenizer, texts)
-    token_lists = [body] if body else []
-    windows = calibration_windows(token_lists, window, max_windows)
+    windows = calibration_windows([body], window, max_windows)
     if not windows:
         raise EngineError(
             f"the texts hold no window of {MIN_WINDOW_TOKENS} tokens or more to calibrate on"
@@ -108,7 +106,7 @@ def calibrate_on_texts(
     document["windows"] = len(windows)
     document["window_tokens"] = window
     document["calibration_tokens"] = sum(len(ids) for ids in windows)
-    document["corpus_tokens"] = sum(len(ids) for ids in token_lists)
+    document["corpus_tokens"] = len(body)
     if path is not None:
         write_scales_file(path, document)
     return document

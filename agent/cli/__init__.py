@@ -31,16 +31,21 @@ app.add_typer(bench_app, name="bench")
 APPROVAL_HELP = "read-only, ask (asks; nobody answers in headless runs), auto-edit or full-auto."
 
 
-def _check_agent_options(model: str | None, attach: str | None, approval: str):
+def _check_agent_options(
+    model: str | None, attach: str | None, approval: str, resume: str | None, continue_last: bool
+):
     """The checks `resident` and `resident run` share; returns the ApprovalMode."""
     from tools import ApprovalMode
 
     if model and attach is None and model.startswith(("http://", "https://")):
         fail("--model takes a model name or path; use --attach URL for a server", code=2)
     try:
-        return ApprovalMode(approval)
+        mode = ApprovalMode(approval)
     except ValueError:
         fail(f"--approval must be one of: {', '.join(m.value for m in ApprovalMode)}", code=2)
+    if resume and continue_last:
+        fail("use --resume ID or --continue, not both", code=2)
+    return mode
 
 
 def _on_terminal() -> bool:
@@ -74,9 +79,7 @@ def main(
     from agent.runtime import RuntimeOptions
     from engine.errors import EngineError
 
-    mode = _check_agent_options(model, attach, approval)
-    if resume and continue_last:
-        fail("use --resume ID or --continue, not both", code=2)
+    mode = _check_agent_options(model, attach, approval, resume, continue_last)
     options = RuntimeOptions(
         model=model,
         attach=attach,
@@ -216,9 +219,7 @@ def run(
         task = sys.stdin.read()
     if not task.strip():
         fail("the task is empty", code=2)
-    mode = _check_agent_options(model, attach, approval)
-    if resume and continue_last:
-        fail("use --resume ID or --continue, not both", code=2)
+    mode = _check_agent_options(model, attach, approval, resume, continue_last)
     options = RuntimeOptions(
         model=model,
         attach=attach,

@@ -42,9 +42,9 @@ def models_pull() -> None:
     typer.echo(str(path))
 
 
-def _calibration_texts(paths: list[Path]) -> tuple[list[str], int]:
-    """The texts under `paths` as the resident snapshot would take them (ignored, binary,
-    generated and oversized files left out), and how many files they came from."""
+def _calibration_texts(paths: list[Path]) -> list[str]:
+    """The texts of the files under `paths` as the resident snapshot would take them
+    (ignored, binary, generated and oversized files left out)."""
     from agent.context.selection import DEFAULT_MAX_FILE_BYTES, read_candidate, select_files
 
     texts: list[str] = []
@@ -59,7 +59,7 @@ def _calibration_texts(paths: list[Path]) -> tuple[list[str], int]:
             texts.append(entry.text)
         else:
             fail(f"{path}: no such file or folder", code=2)
-    return texts, len(texts)
+    return texts
 
 
 @models_app.command("calibrate")
@@ -97,7 +97,8 @@ def models_calibrate(
         fail("--dtype must be auto, bfloat16 or float32", code=2)
     if not out.parent.is_dir():
         fail(f"--out: the folder {out.parent} does not exist", code=2)
-    texts, files = _calibration_texts(paths or [Path.cwd()])
+    texts = _calibration_texts(paths or [Path.cwd()])
+    files = len(texts)
     if not texts:
         fail("no text files to calibrate on under the given paths", code=2)
     try:

@@ -75,9 +75,12 @@ def _engine_run(
     repeats: int,
 ) -> dict:
     from engine import LLM, SamplingParams
+    from engine.calibration import calibrate_without_fixed_scales
 
     # The backend `resident serve` and the agent run with (auto), not LLM's reference default.
     llm = LLM(model, kv_cache_dtype=kv, attention_backend="auto", enable_prefix_caching=False)
+    # FP8 scales as `resident serve` sets them, not from the short warm-up prompt.
+    calibrate_without_fixed_scales(llm.engine)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
 
     def generate(batch: list[list[int]]) -> int:

@@ -174,23 +174,14 @@ class PagedKVPool(PagedPoolBase):
 
     def _factors(self, layer: int) -> tuple:
         """Dequant factors of a layer: floats per layer, float32 [kv_heads] tensors per head."""
-        if self.per_head:
-            return self._cached(
-                "factors",
-                layer,
-                lambda: tuple(
-                    (s[layer] * HALF_TRICK_FACTOR).to(self.device)
-                    for s in (self.k_scale, self.v_scale)
-                ),
-            )
-        return self._cached(
-            "factors",
-            layer,
-            lambda: (
-                float(self.k_scale[layer]) * HALF_TRICK_FACTOR,
-                float(self.v_scale[layer]) * HALF_TRICK_FACTOR,
-            ),
-        )
+
+        def build() -> tuple:
+            scales = (self.k_scale[layer], self.v_scale[layer])
+            if self.per_head:
+                return tuple((s * HALF_TRICK_FACTOR).to(self.device) for s in scales)
+            return tuple(float(s) * HALF_TRICK_FACTOR for s in scales)
+
+        return self._cached("factors", layer, build)
 
     def writes_plainly(self, layer: int | None = None) -> bool:
         """Whether `write` only stores (quantizes) values, for a layer or all of them:

@@ -41,3 +41,11 @@ def test_resident_opens_the_agent_and_quits(tmp_path, monkeypatch):
     assert "approval ask" in result.output  # the default mode
     # The prompt comes back after the answer.
     assert result.output.count("> ") >= 2
+
+
+def test_resume_and_continue_together_are_a_usage_error():
+    for command in ([], ["run", "a task"]):
+        args = [*command, "--resume", "20261203-000000-abcdef", "--continue"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (command, result.output)
+        assert "not both" in result.output and "Traceback" not in result.output

@@ -120,6 +120,7 @@ def test_resident_serve_starts_answers_and_stops(tmp_path):
         process.wait(timeout=30)
     output = log_path.read_text()
     assert "KV cache: fp8_e4m3, capacity" in output and "scales from" in output
+    assert "scales from a built-in sample at start-up" in output  # before any request
     assert "API key required" in output
 
 
