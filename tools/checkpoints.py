@@ -90,13 +90,20 @@ def prune(store: CheckpointStore, keep: int) -> int:
 def open_checkpoint_store(
     workspace: Path, data_dir: Path, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 ) -> CheckpointStore:
-    """Git-backed when the workspace is in a git work tree, file copies otherwise."""
+    """Git-backed when the workspace is in a git work tree, file copies otherwise.
+
+    The work tree is found as the git tools find it (tools.git_repo), so a folder
+    shaped like a bare repository is never taken for the workspace's repository."""
     from tools.checkpoints_copy import CopyCheckpointStore
     from tools.checkpoints_git import GitCheckpointStore
-    from tools.walk import git_toplevel
+    from tools.git_repo import GitError, find_repository
 
     workspace = Path(os.path.realpath(workspace))
-    if git_toplevel(workspace) is not None:
+    try:
+        in_git = find_repository(workspace) is not None
+    except GitError:  # a broken .git file: git cannot work here, copies can
+        in_git = False
+    if in_git:
         return GitCheckpointStore(workspace, max_file_bytes=max_file_bytes)
     key = hashlib.sha256(str(workspace).encode()).hexdigest()[:16]
     return CopyCheckpointStore(

@@ -11,6 +11,10 @@ checkpoint's, delete what the checkpoint did not have, and check out what
 differs through another temporary index. Untracked files larger than a cap
 are left out of snapshots (and so are never deleted by a restore), so one
 stray dataset does not bloat the repository's object store.
+
+Git runs hardened (tools.git_repo): the repository pinned, config that would
+run programs forced off and hooks off, since nobody approves a checkpoint
+(update-ref alone would run a reference-transaction hook).
 """
 
 from __future__ import annotations
@@ -23,8 +27,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-import git
-
 from tools.checkpoints import (
     DEFAULT_MAX_FILE_BYTES,
     Change,
@@ -35,11 +37,11 @@ from tools.checkpoints import (
 )
 from tools.git_repo import (
     GitError,
+    Repository,
     git_text,
     has_commits,
     open_repo,
     run_git,
-    work_tree,
     workspace_pathspec,
 )
 from tools.safe_fs import remove_empty_parents, remove_file
@@ -66,7 +68,7 @@ class GitCheckpointStore:
             pass  # fail early outside a repository
 
     @contextmanager
-    def _repo(self) -> Iterator[git.Repo]:
+    def _repo(self) -> Iterator[Repository]:
         try:
             repo = open_repo(self.workspace)
         except GitError as exc:
@@ -75,16 +77,14 @@ class GitCheckpointStore:
             yield repo
         except GitError as exc:
             raise CheckpointError(str(exc)) from exc
-        finally:
-            repo.close()
 
     # -- snapshots ---------------------------------------------------------
 
     @contextmanager
-    def _temporary_index(self, repo: git.Repo, *, seed: bool) -> Iterator[dict[str, str]]:
+    def _temporary_index(self, repo: Repository, *, seed: bool) -> Iterator[dict[str, str]]:
         with tempfile.TemporaryDirectory(prefix="resident-index-") as directory:
             index = Path(directory) / "index"
-            real_index = Path(repo.git_dir) / "index"
+            real_index = repo.git_dir / "index"
             if seed and real_index.is_file():
                 # copy2 keeps the index's mtime: git trusts a cached stat only
                 # for entries older than the index file, so a fresh mtime would
@@ -92,11 +92,11 @@ class GitCheckpointStore:
                 shutil.copy2(real_index, index)
             yield {"GIT_INDEX_FILE": str(index)}
 
-    def _large_untracked(self, repo: git.Repo, spec: str, env: dict[str, str]) -> list[str]:
+    def _large_untracked(self, repo: Repository, spec: str, env: dict[str, str]) -> list[str]:
         raw = run_git(
             repo, ["ls-files", "-z", "--others", "--exclude-standard", "--", spec], env=env
         )
-        top = work_tree(repo)
+        top = repo.work_tree
         large = []
         for item in raw.split(b"\0"):
             if not item:
@@ -109,16 +109,16 @@ class GitCheckpointStore:
                 continue
         return large
 
-    def _snapshot_tree(self, repo: git.Repo) -> tuple[str, list[str]]:
-        spec = workspace_pathspec(repo, self.workspace)
+    def _snapshot_tree(self, repo: Repository) -> tuple[str, list[str]]:
+        spec = workspace_pathspec(repo)
         with self._temporary_index(repo, seed=True) as env:
             skipped = self._large_untracked(repo, spec, env)
-            excludes = [f":(exclude,literal){name}" for name in skipped]
+            excludes = [f":(top,exclude,literal){name}" for name in skipped]
             run_git(repo, ["add", "--all", "--", spec, *excludes], env=env)
             tree = git_text(repo, ["write-tree"], env=env).strip()
         return tree, skipped
 
-    def _commit(self, repo: git.Repo, tree: str, label: str, checkpoint_id: str, skipped) -> str:
+    def _commit(self, repo: Repository, tree: str, label: str, checkpoint_id: str, skipped) -> str:
         message = (label or "checkpoint") + f"\n\nResident-Checkpoint: {checkpoint_id}\n"
         message += "".join(f"{_SKIPPED}{name}\n" for name in skipped)
         parents = ["-p", "HEAD"] if has_commits(repo) else []
@@ -129,7 +129,7 @@ class GitCheckpointStore:
         with self._repo() as repo:
             return self._create(repo, label)
 
-    def _create(self, repo: git.Repo, label: str) -> Checkpoint:
+    def _create(self, repo: Repository, label: str) -> Checkpoint:
         tree, skipped = self._snapshot_tree(repo)
         checkpoint_id = new_checkpoint_id()
         commit = self._commit(repo, tree, label, checkpoint_id, skipped)
@@ -158,7 +158,7 @@ class GitCheckpointStore:
             checkpoints.append(Checkpoint(checkpoint_id, label, float(created), skipped))
         return sorted(checkpoints, key=lambda c: c.id)
 
-    def _commit_of(self, repo: git.Repo, checkpoint_id: str) -> str:
+    def _commit_of(self, repo: Repository, checkpoint_id: str) -> str:
         if not _ID.match(checkpoint_id):
             raise CheckpointError(f"invalid checkpoint id {checkpoint_id!r}")
         try:
@@ -167,8 +167,8 @@ class GitCheckpointStore:
         except GitError as exc:
             raise CheckpointError(f"no checkpoint {checkpoint_id!r}") from exc
 
-    def _diff(self, repo: git.Repo, current_tree: str, commit: str) -> list[Change]:
-        spec = workspace_pathspec(repo, self.workspace)
+    def _diff(self, repo: Repository, current_tree: str, commit: str) -> list[Change]:
+        spec = workspace_pathspec(repo)
         raw = run_git(
             repo,
             [
@@ -213,7 +213,7 @@ class GitCheckpointStore:
                 f"{REF_PREFIX}{before.id}^{{tree}}" if before else self._snapshot_tree(repo)[0]
             )
             changes = self._diff(repo, current, commit)
-            top = work_tree(repo)
+            top = repo.work_tree
             deleted = [c.path for c in changes if c.action == "delete"]
             written = [c.path for c in changes if c.action == "write"]
             for path in sorted(deleted, key=lambda p: p.count("/"), reverse=True):
@@ -222,7 +222,7 @@ class GitCheckpointStore:
             problems = self._check_out(repo, commit, written)
         return RestoreReport(target, tuple(written), tuple(deleted), before, tuple(problems))
 
-    def _check_out(self, repo: git.Repo, commit: str, paths: list[str]) -> list[str]:
+    def _check_out(self, repo: Repository, commit: str, paths: list[str]) -> list[str]:
         if not paths:
             return []
         with self._temporary_index(repo, seed=False) as env:

@@ -1,4 +1,11 @@
-"""The git tools: status, diff, log (read) and commit (runs the repository's hooks)."""
+"""The git tools: status, diff, log (read) and commit (runs the repository's hooks).
+
+Every git process runs hardened (tools.git_repo, tools.git_env): the repository
+pinned, config that would run programs forced off, and hooks only for the
+commit, which the permission policy has the user approve. In a workspace that
+is a subdirectory of its repository, every tool is limited to that
+subdirectory and names paths relative to it.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +15,19 @@ from tools.base import Arguments, Effect, Tool, ToolAccess, ToolResult
 from tools.context import ToolContext
 from tools.environment import scrubbed_environment
 from tools.git_repo import (
-    GIT_ENV,
     GitError,
+    Repository,
     cap_text,
     git_text,
     has_commits,
     open_repo,
+    relative_to_workspace,
     repo_paths,
+    repository_env,
     run_git,
     verified_ref,
-    work_tree,
     workspace_pathspec,
+    workspace_scope,
 )
 from tools.paths import PathError
 from tools.process import run_process
@@ -41,8 +50,11 @@ class GitStatusTool(Tool):
 
     def run(self, args: GitStatusArgs, ctx: ToolContext) -> ToolResult:
         try:
-            with open_repo(ctx.workspace) as repo:
-                text = git_text(repo, ["status", "--short", "--branch", "--no-ahead-behind"])
+            repo = open_repo(ctx.workspace)
+            # Run from the workspace so the short format names paths relative to it.
+            command = ["-c", "status.relativePaths=true", "status", "--short", "--branch"]
+            command += ["--no-ahead-behind", "--", *workspace_scope(repo)]
+            text = git_text(repo, command, cwd=repo.workspace)
         except GitError as exc:
             return ToolResult.error(str(exc))
         text, cut = cap_text(text.rstrip("\n"), ctx.limits.diff_max_chars, "many files changed")
@@ -82,13 +94,14 @@ class GitDiffTool(Tool):
         if args.stat:
             command.append("--stat")
         try:
-            with open_repo(ctx.workspace) as repo:
-                if args.staged:
-                    command.append("--cached")
-                if args.ref:
-                    command.append(verified_ref(repo, args.ref))
-                command += ["--", *repo_paths(repo, ctx, args.paths)]
-                text = git_text(repo, command)
+            repo = open_repo(ctx.workspace)
+            command += relative_to_workspace(repo)
+            if args.staged:
+                command.append("--cached")
+            if args.ref:
+                command.append(verified_ref(repo, args.ref))
+            paths = repo_paths(repo, ctx, args.paths) or workspace_scope(repo)
+            text = git_text(repo, [*command, "--", *paths])
         except (GitError, PathError) as exc:
             return ToolResult.error(str(exc))
         if not text.strip():
@@ -121,12 +134,12 @@ class GitLogTool(Tool):
             "--format=%h %ad %an: %s",
         ]
         try:
-            with open_repo(ctx.workspace) as repo:
-                if not has_commits(repo) and not args.ref:
-                    return ToolResult.success("(no commits yet)")
-                command.append(verified_ref(repo, args.ref) if args.ref else "HEAD")
-                command += ["--", *repo_paths(repo, ctx, [args.path] if args.path else [])]
-                text = git_text(repo, command)
+            repo = open_repo(ctx.workspace)
+            if not has_commits(repo) and not args.ref:
+                return ToolResult.success("(no commits yet)")
+            command.append(verified_ref(repo, args.ref) if args.ref else "HEAD")
+            paths = repo_paths(repo, ctx, [args.path]) if args.path else workspace_scope(repo)
+            text = git_text(repo, [*command, "--", *paths])
         except (GitError, PathError) as exc:
             return ToolResult.error(str(exc))
         return ToolResult.success(text.rstrip("\n") or "(no commits match)")
@@ -172,37 +185,55 @@ class GitCommitTool(Tool):
 
     def run(self, args: GitCommitArgs, ctx: ToolContext) -> ToolResult:
         try:
-            with open_repo(ctx.workspace) as repo:
-                top = work_tree(repo)
-                if args.stage_all:  # everything in the workspace, not the whole repository
-                    run_git(repo, ["add", "-A", "--", workspace_pathspec(repo, ctx.workspace)])
-                if args.paths:
-                    run_git(repo, ["add", "--", *repo_paths(repo, ctx, args.paths)])
-                command = ["git", "commit", "--no-edit", "-m", args.message]
-                if args.no_verify:
-                    command.append("--no-verify")
-                if args.allow_empty:
-                    command.append("--allow-empty")
-                outcome = run_process(
-                    command,
-                    cwd=top,
-                    env=scrubbed_environment(ctx.base_env(), GIT_ENV),
-                    timeout_s=ctx.limits.shell_timeout_s,
-                    output_limit=ctx.limits.shell_output_chars,
-                    cancel_event=ctx.cancel_event,
-                    kill_grace_s=ctx.limits.shell_kill_grace_s,
+            repo = open_repo(ctx.workspace)
+            outside = _staged_outside_workspace(repo)
+            if outside:
+                return ToolResult.error(
+                    f"{outside} staged change(s) outside the workspace {repo.workspace} would "
+                    "go into this commit; the user must commit or unstage them first."
                 )
-                if not outcome.succeeded:
-                    why = "timed out" if outcome.timed_out else f"exit code {outcome.exit_code}"
-                    return ToolResult.error(
-                        f"git commit failed ({why}); nothing was committed.\n{outcome.output}",
-                        exit_code=outcome.exit_code,
-                    )
-                commit = git_text(repo, ["rev-parse", "HEAD"]).strip()
-                summary = git_text(repo, ["show", "--stat", "--format=%h %s", "HEAD"])
+            if args.stage_all:  # everything in the workspace, not the whole repository
+                run_git(repo, ["add", "-A", "--", workspace_pathspec(repo)])
+            if args.paths:
+                run_git(repo, ["add", "--", *repo_paths(repo, ctx, args.paths)])
+            command = ["git", "commit", "--no-edit", "-m", args.message]
+            if args.no_verify:
+                command.append("--no-verify")
+            if args.allow_empty:
+                command.append("--allow-empty")
+            outcome = run_process(
+                command,
+                cwd=repo.work_tree,
+                # The one git process that runs the repository's hooks: the user approved it.
+                env=repository_env(repo, scrubbed_environment(ctx.base_env()), hooks=True),
+                timeout_s=ctx.limits.shell_timeout_s,
+                output_limit=ctx.limits.shell_output_chars,
+                cancel_event=ctx.cancel_event,
+                kill_grace_s=ctx.limits.shell_kill_grace_s,
+            )
+            if not outcome.succeeded:
+                why = "timed out" if outcome.timed_out else f"exit code {outcome.exit_code}"
+                return ToolResult.error(
+                    f"git commit failed ({why}); nothing was committed.\n{outcome.output}",
+                    exit_code=outcome.exit_code,
+                )
+            commit = git_text(repo, ["rev-parse", "HEAD"]).strip()
+            show = ["show", "--stat", "--no-ext-diff", *relative_to_workspace(repo)]
+            summary = git_text(repo, [*show, "--format=%h %s", "HEAD"])
         except (GitError, PathError) as exc:
             return ToolResult.error(str(exc))
         text = summary.rstrip("\n")
         if outcome.output.strip():
             text += "\n\n" + outcome.output.rstrip("\n")
         return ToolResult.success(text, truncated=outcome.truncated, commit=commit)
+
+
+def _staged_outside_workspace(repo: Repository) -> int:
+    """How many staged paths lie outside a subdirectory workspace. `git commit` takes the
+    whole index, so a commit from the workspace would carry them along; their names are
+    not the model's to see, only their number."""
+    if not repo.prefix:
+        return 0
+    spec = [":(top)", f":(top,exclude,literal){repo.prefix}"]
+    raw = run_git(repo, ["diff", "--cached", "--name-only", "-z", "--no-renames", "--", *spec])
+    return len([name for name in raw.split(b"\0") if name])
