@@ -19,6 +19,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from tools import safe_fs
 from tools.checkpoints import (
     DEFAULT_MAX_FILE_BYTES,
     Change,
@@ -109,7 +110,9 @@ class CopyCheckpointStore:
                 ):
                     entry["sha256"] = old["sha256"]
                 else:
-                    data = path.read_bytes()
+                    # No symlink followed on the way: a directory swapped for a
+                    # link after the listing cannot pull outside files into the store.
+                    data, _ = safe_fs.read_bytes(self.workspace, PurePosixPath(relative))
                     entry["sha256"] = hashlib.sha256(data).hexdigest()
                     entry["size"] = len(data)
                     target = self._object_path(entry["sha256"])

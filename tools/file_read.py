@@ -1,15 +1,15 @@
 """The `read` tool: numbered lines of a text file, a window at a time.
 
-The file is streamed, so a huge file costs memory only for the window
-shown. Reading records the file's stamp (size, mtime, hash) so that later
+The file is opened through safe_fs (a symlink may lead elsewhere inside
+the workspace, never out; a FIFO is refused without blocking) and streamed,
+so a huge file costs memory only for the window shown. Reading records the file's stamp (size, mtime, hash) so that later
 writes can tell whether it changed underneath the agent.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import stat
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from pydantic import Field
@@ -18,7 +18,7 @@ from tools.base import Arguments, Effect, Tool, ToolAccess, ToolResult
 from tools.context import ToolContext
 from tools.file_state import FileStamp
 from tools.paths import PathError, resolve_path
-from tools.safe_fs import UnsafePathError, open_file
+from tools.safe_fs import NotRegularFileError, UnsafePathError, open_confined_file
 
 BINARY_SNIFF_BYTES = 8192
 _MAGIC = {
@@ -77,30 +77,29 @@ class ReadTool(Tool):
         return ToolAccess(effect=self.effect, summary=f"Read {args.path}", paths=(args.path,))
 
     def run(self, args: ReadArgs, ctx: ToolContext) -> ToolResult:
-        try:
-            target = resolve_path(args.path, ctx.allowed_roots)
-            fd = open_file(target.root, target.relative)
-        except (PathError, UnsafePathError) as exc:
-            return ToolResult.error(str(exc))
-        except FileNotFoundError:
-            return ToolResult.error(f"{args.path} does not exist.")
-        except IsADirectoryError:
-            return ToolResult.error(f"{args.path} is a directory; use the list tool.")
-        except OSError as exc:
-            return ToolResult.error(f"cannot open {args.path}: {exc.strerror or exc}")
-        with os.fdopen(fd, "rb") as handle:
-            info = os.fstat(handle.fileno())
-            if stat.S_ISDIR(info.st_mode):
+        with ExitStack() as stack:
+            try:
+                target = resolve_path(args.path, ctx.allowed_roots)
+                # resolve_path already refused links leading out; opening through
+                # safe_fs keeps it so even if a name on the way is swapped afterwards.
+                opened = stack.enter_context(open_confined_file(target.root, target.relative))
+            except (PathError, UnsafePathError) as exc:
+                return ToolResult.error(str(exc))
+            except FileNotFoundError:
+                return ToolResult.error(f"{args.path} does not exist.")
+            except IsADirectoryError:
                 return ToolResult.error(f"{args.path} is a directory; use the list tool.")
-            if not stat.S_ISREG(info.st_mode):
+            except NotRegularFileError:
                 return ToolResult.error(
                     f"{args.path} is not a regular file (device, FIFO or socket)."
                 )
-            os.set_blocking(handle.fileno(), True)
+            except OSError as exc:
+                return ToolResult.error(f"cannot open {args.path}: {exc.strerror or exc}")
+            handle, info = opened.file, opened.info
+            real = target.root / opened.target  # target.real, unless a name changed meanwhile
             head = handle.read(BINARY_SNIFF_BYTES)
             if looks_binary(head):
-                handle.seek(0)
-                ctx.file_states.record(target.real, FileStamp.of_fd(handle.fileno()))
+                ctx.file_states.record(real, FileStamp.of_fd(handle.fileno()))
                 return ToolResult.success(
                     f"{target.display} is a binary file ({describe_binary(head)}, "
                     f"{info.st_size:,} bytes); its content is not shown.",
@@ -110,9 +109,7 @@ class ReadTool(Tool):
                 )
             handle.seek(0)
             window, digest, size = self._scan(handle, args, ctx)
-        ctx.file_states.record(
-            target.real, FileStamp(size=size, mtime_ns=info.st_mtime_ns, sha256=digest)
-        )
+        ctx.file_states.record(real, FileStamp(size=size, mtime_ns=info.st_mtime_ns, sha256=digest))
         # Cut by a cap (not by the window the model asked for) counts as truncated.
         capped = window.cut_for_size or (args.limit or 10**12) > ctx.limits.read_max_lines
         return self._render(target.display, args, window, size, capped)

@@ -4,6 +4,13 @@ ripgrep runs when it is on PATH (fast, and it honours .gitignore itself);
 otherwise a Python scan over the same non-ignored files does the job. Both
 skip .git, binary files and files that usually hold secrets (read those
 explicitly, with approval), and both stop at a cap on results.
+
+Symlinks: neither engine descends a directory link. ripgrep does not open
+file links at all; the Python engine opens every file through safe_fs, so a
+link to a file inside the workspace is searched (unless its target is listed
+too, which is then searched under its own name) and a link leading outside
+is skipped and counted in the result. Lines are read bounded: a longer line
+is searched in its first GREP_MAX_LINE_BYTES only (ripgrep: shown cut).
 """
 
 from __future__ import annotations
@@ -11,12 +18,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import stat
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from pydantic import Field
 
@@ -26,9 +33,14 @@ from tools.file_read import BINARY_SNIFF_BYTES, looks_binary
 from tools.file_search import display_path, resolve_directory
 from tools.globbing import compile_glob
 from tools.paths import PathError, ResolvedPath, secret_reason
+from tools.safe_fs import OutsideLinkError, open_confined_file
 from tools.walk import visible_files
 
 RG_TIMEOUT_S = 60.0
+# A "line" longer than this (a minified bundle, a dump without newlines) is searched
+# in its first GREP_MAX_LINE_BYTES only: reading it whole could hold the file in memory.
+GREP_MAX_LINE_BYTES = 1 << 20
+_DRAIN_BYTES = 1 << 16
 
 
 class GrepArgs(Arguments):
@@ -64,42 +76,86 @@ def _is_secret(relative: str) -> bool:
     return secret_reason(Path(relative)) is not None
 
 
+@dataclass
+class ScanNotes:
+    """What the Python engine passed over, told in the result so nothing is silently missing."""
+
+    outside_links: int = 0  # files whose symlink leads outside the workspace
+    long_lines: int = 0  # lines searched only in their first GREP_MAX_LINE_BYTES
+
+
 def python_search(
     base: ResolvedPath, args: GrepArgs, limit: int, ctx: ToolContext
-) -> tuple[list[Hit], bool]:
-    """Scan files in Python. Returns the hits (at most `limit`) and whether more existed."""
+) -> tuple[list[Hit], bool, ScanNotes]:
+    """Scan files in Python. Returns the hits (at most `limit`), whether more existed, and
+    what was skipped."""
     regex = re.compile(args.pattern, re.IGNORECASE if args.case_insensitive else 0)
     wanted = _glob_filter(args.glob)
+    width = ctx.limits.grep_max_line_chars
+    listed = list(visible_files(base.root, base.real))
+    listed_set = set(listed)
+    notes = ScanNotes()
     hits: list[Hit] = []
-    for relative in visible_files(base.root, base.real):
+    for relative in listed:
         if ctx.cancel_event.is_set():
-            return hits, True
+            return hits, True, notes
         if not wanted(relative) or _is_secret(relative):
             continue
-        for hit in _search_file(base.real / relative, relative, regex, args.files_only):
-            if len(hits) == limit:
-                return hits, True
-            hits.append(hit)
-    return hits, False
+        requested = base.relative / relative
+        try:
+            with open_confined_file(base.root, requested) as opened:
+                if opened.target != requested and (
+                    _listed_name(base, opened.target) in listed_set
+                    or _is_secret(opened.target.as_posix())
+                ):
+                    continue  # a link to a file searched under its own name, or to a secret
+                for hit in _search_file(opened.file, relative, regex, args.files_only, notes):
+                    if len(hits) == limit:
+                        return hits, True, notes
+                    hits.append(Hit(hit.path, hit.line, hit.text[: width + 1]))
+        except OutsideLinkError:
+            notes.outside_links += 1
+        except OSError:
+            continue  # gone, a directory link, a FIFO or device, unreadable: not text to search
+    return hits, False, notes
 
 
-def _search_file(path, relative: str, regex: re.Pattern[str], files_only: bool) -> Iterator[Hit]:
-    try:
-        info = os.lstat(path)
-        if not stat.S_ISREG(info.st_mode):
-            return  # symlinks are not followed, as ripgrep does by default
-        with open(path, "rb") as handle:
-            if looks_binary(handle.read(BINARY_SNIFF_BYTES)):
-                return
-            handle.seek(0)
-            for number, raw in enumerate(handle, start=1):
-                text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                if regex.search(text):
-                    yield Hit(relative, 0 if files_only else number, "" if files_only else text)
-                    if files_only:
-                        return
-    except OSError:
+def _listed_name(base: ResolvedPath, target: PurePosixPath) -> str | None:
+    """`target` (relative to the root) as the walk lists it (relative to `base`), or None
+    when it lies outside the searched directory."""
+    if not base.relative.parts:
+        return target.as_posix()
+    if target.is_relative_to(base.relative):
+        return target.relative_to(base.relative).as_posix()
+    return None
+
+
+def bounded_lines(handle: BinaryIO, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
+    """The file's lines, each at most `max_bytes`, with whether it was cut. The rest of a
+    cut line is read in small pieces and dropped, so memory stays near `max_bytes`."""
+    while piece := handle.readline(max_bytes):
+        cut = False
+        if not piece.endswith(b"\n"):  # stopped at the bound, or at the end of the file
+            while rest := handle.readline(_DRAIN_BYTES):
+                cut = cut or rest != b"\n"
+                if rest.endswith(b"\n"):
+                    break
+        yield piece, cut
+
+
+def _search_file(
+    handle: BinaryIO, relative: str, regex: re.Pattern[str], files_only: bool, notes: ScanNotes
+) -> Iterator[Hit]:
+    if looks_binary(handle.read(BINARY_SNIFF_BYTES)):
         return
+    handle.seek(0)
+    for number, (raw, cut) in enumerate(bounded_lines(handle, GREP_MAX_LINE_BYTES), start=1):
+        notes.long_lines += cut
+        text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        if regex.search(text):
+            yield Hit(relative, 0 if files_only else number, "" if files_only else text)
+            if files_only:
+                return
 
 
 class RipgrepRegexError(ValueError):
@@ -114,6 +170,9 @@ def ripgrep_search(
         "--no-require-git", "--sort=path", "--glob=!.git",
     ]  # fmt: skip
     command += ["--files-with-matches"] if args.files_only else ["--line-number", "--no-heading"]
+    # rg prints matching lines whole; a huge one is cut by rg itself (width chars can
+    # take 4 bytes each), so no output line has to be held whole here.
+    command += [f"--max-columns={4 * ctx.limits.grep_max_line_chars + 4}", "--max-columns-preview"]
     if args.case_insensitive:
         command.append("--ignore-case")
     if args.glob:
@@ -197,6 +256,7 @@ class GrepTool(Tool):
         limit = ctx.limits.grep_max_results
         rg = shutil.which("rg") if ctx.use_ripgrep else None
         engine = "ripgrep" if rg else "python"
+        notes = ScanNotes()
         try:
             if rg:
                 try:
@@ -204,13 +264,19 @@ class GrepTool(Tool):
                 except RipgrepRegexError:
                     # ripgrep's regex dialect lacks look-around; Python's has it.
                     engine = "python"
-                    hits, more = python_search(base, args, limit, ctx)
+                    hits, more, notes = python_search(base, args, limit, ctx)
             else:
-                hits, more = python_search(base, args, limit, ctx)
+                hits, more, notes = python_search(base, args, limit, ctx)
         except re.error as exc:
             return ToolResult.error(f"Invalid regular expression {args.pattern!r}: {exc}")
+        data = {
+            "engine": engine,
+            "skipped_outside_links": notes.outside_links,
+            "long_lines": notes.long_lines,
+        }
         if not hits:
-            return ToolResult.success(f"No matches for {args.pattern!r}.", matches=0, engine=engine)
+            text = "\n".join([f"No matches for {args.pattern!r}.", *_footer(notes)])
+            return ToolResult.success(text, matches=0, **data)
         width = ctx.limits.grep_max_line_chars
         lines = []
         for hit in hits:
@@ -222,6 +288,20 @@ class GrepTool(Tool):
             lines.append(f"{shown}:{hit.line}:{text}")
         if more:
             lines.append(f"[Stopped after {limit} results; narrow the pattern, path or glob.]")
-        return ToolResult.success(
-            "\n".join(lines), truncated=more, matches=len(hits), engine=engine
+        lines += _footer(notes)
+        return ToolResult.success("\n".join(lines), truncated=more, matches=len(hits), **data)
+
+
+def _footer(notes: ScanNotes) -> list[str]:
+    lines = []
+    if notes.outside_links:
+        lines.append(
+            f"[Skipped {notes.outside_links} file(s) whose symbolic link leads outside "
+            "the workspace.]"
         )
+    if notes.long_lines:
+        lines.append(
+            f"[{notes.long_lines} line(s) longer than {GREP_MAX_LINE_BYTES // (1 << 20)} MiB "
+            "were searched only in their first MiB.]"
+        )
+    return lines

@@ -7,6 +7,10 @@ later rules win over earlier ones, deeper files over shallower ones, `!`
 re-includes, a trailing `/` matches directories only, a pattern with a `/`
 before its end is anchored to its file's directory, and nothing inside an
 ignored directory can be re-included (the walker never descends into one).
+
+Ignore files are read through safe_fs, capped at MAX_IGNORE_FILE_BYTES, and,
+like git since 2.32, never through a symbolic link: a `.gitignore` that is a
+link (inside the workspace or out) contributes no rules.
 """
 
 from __future__ import annotations
@@ -14,9 +18,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from tools.globbing import translate
+from tools.safe_fs import read_confined_bytes
+
+# Real ignore files are a few kilobytes; past this the rest is not read.
+MAX_IGNORE_FILE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -70,24 +78,33 @@ def parse_lines(lines: Iterable[str], base: str = "") -> list[IgnoreRule]:
     return [rule for line in lines if (rule := parse_rule(line, base)) is not None]
 
 
+def read_rules_file(root: Path, relative: PurePosixPath, base: str = "") -> list[IgnoreRule]:
+    """The rules of the ignore file root/relative ([] when it is missing, a link, not a
+    regular file or unreadable), from at most its first MAX_IGNORE_FILE_BYTES."""
+    try:
+        read = read_confined_bytes(root, relative, MAX_IGNORE_FILE_BYTES, follow_links=False)
+    except OSError:
+        return []
+    data = read.data
+    if read.truncated:
+        data = data[: data.rfind(b"\n") + 1]  # whole lines only: never half a pattern
+    return parse_lines(data.decode("utf-8", errors="replace").splitlines(), base)
+
+
 class IgnoreMatcher:
     """Rules gathered from .gitignore files, in precedence order (last match wins)."""
 
     def __init__(self, rules: Iterable[IgnoreRule] = ()) -> None:
         self.rules: list[IgnoreRule] = list(rules)
 
-    def add_file(self, gitignore: Path, base: str) -> None:
-        try:
-            text = gitignore.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return
-        self.rules.extend(parse_lines(text.splitlines(), base))
+    def add_file(self, root: Path, relative: PurePosixPath, base: str) -> None:
+        """Add the rules of root/relative (an ignore file in directory `base`), if any."""
+        self.rules.extend(read_rules_file(root, relative, base))
 
-    def child(self, gitignore: Path, base: str) -> IgnoreMatcher:
-        """A matcher for a subdirectory: these rules plus that directory's .gitignore."""
+    def child(self, root: Path, relative: PurePosixPath, base: str) -> IgnoreMatcher:
+        """A matcher for a subdirectory: these rules plus that directory's ignore file."""
         matcher = IgnoreMatcher(self.rules)
-        if gitignore.is_file():
-            matcher.add_file(gitignore, base)
+        matcher.add_file(root, relative, base)
         return matcher
 
     def matches(self, relative: str, is_dir: bool) -> bool:

@@ -5,6 +5,15 @@ the way can be replaced by a symlink pointing elsewhere. These helpers walk
 from the root one component at a time with O_NOFOLLOW and act relative to
 the directory descriptor they hold, so whatever happens to the names in the
 meantime, they only ever touch entries under the root.
+
+Reading (`open_confined_file`, `read_confined_bytes`) is the one way every
+reader of workspace files opens them: the read tool, grep, the snapshot,
+AGENTS.md and ignore files. The rule for symlinks: a link whose target stays
+inside the root is followed (resolved link by link with readlink, then the
+target is opened through the same no-follow walk); a link that leads out, by
+an absolute target elsewhere or by '..' above the root, raises
+OutsideLinkError, which readers report rather than read. FIFOs, devices and
+sockets are refused without blocking.
 """
 
 from __future__ import annotations
@@ -15,14 +24,27 @@ import secrets
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 TEMP_SUFFIX = ".resident-tmp"
 
 
+MAX_LINK_HOPS = 40  # as the kernel's MAXSYMLINKS: a longer chain is a loop
+
+
 class UnsafePathError(OSError):
     """A component turned out to be a symlink or not a directory while walking."""
+
+
+class OutsideLinkError(UnsafePathError):
+    """The path is, or passes through, a symbolic link whose target lies outside the root."""
+
+
+class NotRegularFileError(OSError):
+    """A FIFO, device or socket: opening it for reading could block or never end."""
 
 
 def _parts(relative: PurePosixPath) -> tuple[str, ...]:
@@ -107,6 +129,126 @@ def read_bytes(root: Path, relative: PurePosixPath) -> tuple[bytes, os.stat_resu
         return b"".join(chunks), info
     finally:
         os.close(fd)
+
+
+def resolve_confined(root: Path, relative: PurePosixPath) -> PurePosixPath:
+    """`relative` with every symlink under `root` resolved, still relative to `root`.
+
+    Each component is looked at with lstat/readlink through a descriptor reached
+    without following anything, so the answer is about the entries under the
+    root, never about where a name elsewhere happens to point. Raises
+    OutsideLinkError when a link leads out, FileNotFoundError when something
+    on the way is missing, UnsafePathError for a loop or a file used as a directory.
+    """
+    root_names = {os.fspath(root), os.path.realpath(root)}  # an absolute target may use either
+    pending = list(reversed(_parts(relative)))
+    resolved: list[str] = []
+    hops = 0
+    while pending:
+        part = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not resolved:
+                raise OutsideLinkError(
+                    errno.EXDEV, f"{relative} leads outside the workspace through a symbolic link"
+                )
+            resolved.pop()
+            continue
+        with open_directory(root, PurePosixPath(*resolved)) as dir_fd:
+            info = os.stat(part, dir_fd=dir_fd, follow_symlinks=False)
+            target = os.readlink(part, dir_fd=dir_fd) if stat.S_ISLNK(info.st_mode) else None
+        if target is None:
+            resolved.append(part)
+            continue
+        hops += 1
+        if hops > MAX_LINK_HOPS:
+            raise UnsafePathError(errno.ELOOP, f"{relative}: too many levels of symbolic links")
+        if os.path.isabs(target):
+            inside = [
+                PurePosixPath(target).relative_to(name)
+                for name in root_names
+                if PurePosixPath(target).is_relative_to(name)
+            ]
+            if not inside:
+                raise OutsideLinkError(
+                    errno.EXDEV,
+                    f"{relative} is a symbolic link (or passes through one) to {target}, "
+                    "outside the workspace",
+                )
+            resolved = []
+            target_parts = inside[0].parts
+        else:
+            target_parts = PurePosixPath(target).parts
+        pending.extend(reversed(target_parts))  # '..' in them is handled above
+    return PurePosixPath(*resolved)
+
+
+@dataclass
+class ConfinedFile:
+    """A regular file opened under a root: blocking, buffered, at its start."""
+
+    file: BinaryIO
+    info: os.stat_result
+    target: PurePosixPath  # what was opened, relative to the root, with links resolved
+
+
+@contextmanager
+def open_confined_file(
+    root: Path, relative: PurePosixPath, *, follow_links: bool = True
+) -> Iterator[ConfinedFile]:
+    """Open root/relative for reading without ever leaving `root`.
+
+    The common case (no symlink on the way) is one no-follow walk. When the
+    walk meets a link and `follow_links`, the path is resolved within the root
+    and its target opened by the same walk; a link swapped in between fails
+    the walk instead of being followed. Without `follow_links` any link is
+    refused (UnsafePathError), as git does for .gitignore. Raises
+    OutsideLinkError for a link leading out, IsADirectoryError for a directory,
+    NotRegularFileError for a FIFO, device or socket (opened non-blocking, so
+    a FIFO with no writer cannot hang the reader).
+    """
+    target = PurePosixPath(*_parts(relative))
+    try:
+        fd = open_file(root, target)
+    except UnsafePathError:
+        if not follow_links:
+            raise
+        target = resolve_confined(root, relative)
+        fd = open_file(root, target)
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(errno.EISDIR, f"{relative} is a directory")
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularFileError(
+                errno.EINVAL, f"{relative} is not a regular file (FIFO, device or socket)"
+            )
+        os.set_blocking(fd, True)
+        handle = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        yield ConfinedFile(handle, info, target)
+
+
+@dataclass(frozen=True)
+class ConfinedRead:
+    data: bytes
+    info: os.stat_result
+    target: PurePosixPath
+    truncated: bool  # the file holds more than the `limit` bytes in `data`
+
+
+def read_confined_bytes(
+    root: Path, relative: PurePosixPath, limit: int, *, follow_links: bool = True
+) -> ConfinedRead:
+    """At most `limit` bytes from the start of root/relative, opened as open_confined_file does."""
+    with open_confined_file(root, relative, follow_links=follow_links) as opened:
+        data = opened.file.read(limit)
+        truncated = len(data) == limit and bool(opened.file.read(1))
+        return ConfinedRead(data, opened.info, opened.target, truncated)
 
 
 def atomic_write(

@@ -4,13 +4,20 @@ Each applies to its directory and below, so they go into the system prompt
 shallowest first, each under its path; a deeper file then reads as the more
 specific word. They come from the workspace's visible files, so an ignored
 or vendored AGENTS.md does not speak for the project.
+
+They are read through safe_fs: an AGENTS.md linking to another file in the
+workspace (AGENTS.md -> CLAUDE.md is common) is read; one whose link leads
+outside the workspace is skipped, and the skip is returned to the caller
+(the snapshot's omitted list names the same file with the same reason).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import prompts
+from tools.safe_fs import OutsideLinkError, read_confined_bytes
 from tools.walk import visible_files
 
 FILE_NAME = "AGENTS.md"
@@ -22,17 +29,35 @@ def find_agents_files(workspace: Path) -> list[str]:
     return sorted(found, key=lambda p: (len(PurePosixPath(p).parts), p))
 
 
-def agents_instructions(workspace: Path) -> str:
-    """The system-prompt section for the repository's AGENTS.md files ('' when none)."""
-    sections = []
+@dataclass
+class AgentsFiles:
+    texts: list[tuple[str, str]] = field(default_factory=list)  # (path, text), shallowest first
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
+
+
+def read_agents_files(workspace: Path) -> AgentsFiles:
+    found = AgentsFiles()
     for path in find_agents_files(workspace):
         try:
-            data = (workspace / path).read_bytes()[:MAX_BYTES]
-        except OSError:
+            data = read_confined_bytes(workspace, PurePosixPath(path), MAX_BYTES).data
+        except OutsideLinkError:
+            found.skipped.append((path, "symbolic link leading outside the workspace"))
+            continue
+        except OSError as exc:  # gone, a FIFO or directory, unreadable
+            found.skipped.append((path, exc.strerror or type(exc).__name__))
             continue
         text = data.decode("utf-8", errors="replace").strip()
         if text:
-            sections.append(f'<agents_md path="{path}">\n{text}\n</agents_md>')
+            found.texts.append((path, text))
+    return found
+
+
+def agents_instructions(workspace: Path) -> str:
+    """The system-prompt section for the repository's AGENTS.md files ('' when none)."""
+    sections = [
+        f'<agents_md path="{path}">\n{text}\n</agents_md>'
+        for path, text in read_agents_files(workspace).texts
+    ]
     if not sections:
         return ""
     return prompts.load("agents_md", files="\n\n".join(sections))

@@ -8,17 +8,23 @@ binaries and media. Users change the rules in `.residentignore` at the
 repository root (same syntax; `!pattern` brings a default back). Files that
 are binary, not UTF-8, or larger than the per-file cap are left out too, and
 so are files whose head says they are generated.
+
+Every file is read through safe_fs: a symlink whose target stays inside the
+workspace is read as that target (and left out as a duplicate when the target
+is a candidate itself); one that leads outside, a FIFO or a device is left out
+with its reason, so a hostile repository cannot pull an outside file into the
+prompt. `.residentignore` is read like `.gitignore`: never through a link.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import stat
+from collections.abc import Container
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from tools.ignore import IgnoreMatcher, parse_lines
+from tools.ignore import IgnoreMatcher, parse_lines, read_rules_file
+from tools.safe_fs import NotRegularFileError, OutsideLinkError, open_confined_file
 from tools.walk import visible_files
 
 USER_RULES_FILE = ".residentignore"
@@ -124,14 +130,15 @@ class RepoFile:
 @dataclass(frozen=True)
 class Omitted:
     path: str
-    reason: str  # rule, binary, too large, not UTF-8, generated, symlink
+    reason: str  # rule, binary, too large, not UTF-8, generated, link out, link to a candidate
+
+
+OUTSIDE_LINK = "symbolic link leading outside the workspace"
 
 
 def exclusion_rules(workspace: Path) -> IgnoreMatcher:
     rules = parse_lines(DEFAULT_EXCLUDES.splitlines())
-    user_file = workspace / USER_RULES_FILE
-    if user_file.is_file():
-        rules += parse_lines(user_file.read_text(encoding="utf-8", errors="replace").splitlines())
+    rules += read_rules_file(workspace, PurePosixPath(USER_RULES_FILE))
     return IgnoreMatcher(rules)
 
 
@@ -141,23 +148,26 @@ def _looks_generated(text: str) -> bool:
 
 
 def read_candidate(
-    workspace: Path, path: str, max_bytes: int
+    workspace: Path, path: str, max_bytes: int, listed: Container[str] = ()
 ) -> tuple[RepoFile | None, Omitted | None]:
-    full = workspace / path
+    """Read one candidate through safe_fs; `listed` are the other candidates' paths (a
+    link to one of them is left out: its content is already there under its own name)."""
     try:
-        info = os.lstat(full)
-    except OSError:
-        return None, Omitted(path, "unreadable")
-    if stat.S_ISLNK(info.st_mode):
-        return None, Omitted(path, "symlink")  # may point outside; `read` resolves it safely
-    if not stat.S_ISREG(info.st_mode):
+        with open_confined_file(workspace, PurePosixPath(path)) as opened:
+            target, info = opened.target.as_posix(), opened.info
+            if target != path and target in listed:
+                return None, Omitted(path, f"symbolic link to {target}")
+            if info.st_size > max_bytes:
+                return None, Omitted(path, f"too large ({info.st_size:,} bytes)")
+            data = opened.file.read(max_bytes + 1)  # the file may have grown since fstat
+    except OutsideLinkError:
+        return None, Omitted(path, OUTSIDE_LINK)
+    except (NotRegularFileError, IsADirectoryError):
         return None, Omitted(path, "not a regular file")
-    if info.st_size > max_bytes:
-        return None, Omitted(path, f"too large ({info.st_size:,} bytes)")
-    try:
-        data = full.read_bytes()
     except OSError:
         return None, Omitted(path, "unreadable")
+    if len(data) > max_bytes:
+        return None, Omitted(path, f"too large (over {max_bytes:,} bytes)")
     if b"\0" in data[:8192]:
         return None, Omitted(path, "binary")
     try:
@@ -177,11 +187,15 @@ def select_files(
     rules = exclusion_rules(workspace)
     files: list[RepoFile] = []
     omitted: list[Omitted] = []
+    candidates = []
     for path in sorted(visible_files(workspace, workspace)):
         if rules.is_ignored(path):
             omitted.append(Omitted(path, "excluded by rule"))
-            continue
-        entry, why = read_candidate(workspace, path, max_file_bytes)
+        else:
+            candidates.append(path)
+    listed = set(candidates)
+    for path in candidates:
+        entry, why = read_candidate(workspace, path, max_file_bytes, listed)
         if entry is not None:
             files.append(entry)
         elif why is not None:
