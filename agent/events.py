@@ -34,6 +34,9 @@ class SessionStarted(Event):
     approval: str
     context_window: int
     resumed: bool = False
+    # What confines shell commands: "bubblewrap 0.11.0 (system: /usr/bin/bwrap)",
+    # or "none: <why>" (every shell command then asks).
+    sandbox: str = ""
 
 
 class UserMessage(Event):

@@ -23,6 +23,7 @@ from agent.headless_output import JsonLinesPrinter, ProgressPrinter
 from agent.loop import EXIT_DONE, EXIT_FAILED, EXIT_INTERRUPTED, TaskOutcome
 from agent.runtime import Runtime, RuntimeOptions, UnknownToolError, open_runtime
 from agent.session import SessionNotFound
+from tools.sandbox import SandboxUnavailable
 
 EXIT_USAGE = 2
 COMPACT_COMMAND = "/compact"
@@ -98,6 +99,10 @@ async def run_headless_async(
         )
     except (SessionNotFound, UnknownToolError) as problem:
         return _fail_before_start(str(problem), "usage", EXIT_USAGE, out, err, options.json)
+    if isinstance(runtime.sandbox, SandboxUnavailable):
+        reason = runtime.sandbox.reason
+        err.write(f"warning: no sandbox ({reason}); every shell command needs approval\n")
+        err.flush()
     main = asyncio.current_task()
     if main is not None:
         _install_interrupt(runtime, main)

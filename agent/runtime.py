@@ -27,6 +27,8 @@ from tools import (
     default_tools,
     open_checkpoint_store,
 )
+from tools.process_limits import process_cap_mechanism
+from tools.sandbox import Sandbox, SandboxSettings, SandboxUnavailable, detect_sandbox
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -47,6 +49,8 @@ class RuntimeOptions:
     settings: AgentSettings = field(default_factory=AgentSettings)
     context: ContextSettings = field(default_factory=ContextSettings)
     checkpoints: bool = True
+    network: bool = False  # shell commands may use the network
+    sandbox_env: tuple[str, ...] = ()  # more variables shell commands may see
 
 
 @dataclass
@@ -55,6 +59,7 @@ class Runtime:
     session: Session
     client: LLMClient
     emitter: EventEmitter
+    sandbox: Sandbox | SandboxUnavailable | None = None
 
     async def close(self) -> None:
         self.session.close()
@@ -103,6 +108,12 @@ def _open_session(
     return store.create(workspace, model, title=task), False
 
 
+def _describe_sandbox(sandbox: Sandbox | SandboxUnavailable) -> str:
+    if isinstance(sandbox, SandboxUnavailable):
+        return sandbox.describe()
+    return f"{sandbox.describe()}; process cap: {process_cap_mechanism()}"
+
+
 async def open_runtime(
     options: RuntimeOptions,
     sinks: list[EventSink],
@@ -128,7 +139,12 @@ async def open_runtime(
         await client.aclose()
         raise
     emitter = EventEmitter([session.journal, *sinks], next_seq=session.next_seq())
-    tool_context = ToolContext(workspace=workspace)
+    sandbox = detect_sandbox(workspace)
+    tool_context = ToolContext(
+        workspace=workspace,
+        sandbox=sandbox if isinstance(sandbox, Sandbox) else None,
+        sandbox_settings=SandboxSettings(network=options.network, env_names=options.sandbox_env),
+    )
     policy = PermissionPolicy.for_context(
         tool_context, options.approval, allow=options.allow, deny=options.deny
     )
@@ -150,9 +166,10 @@ async def open_runtime(
             approval=ApprovalMode(options.approval).value,
             context_window=window,
             resumed=resumed,
+            sandbox=_describe_sandbox(sandbox),
         )
     )
     snapshot = await context.start(task)
     emitter.emit(snapshot_event(snapshot, client.token_count_method))
     agent = Agent(client, context, runner, emitter, conversation, options.settings)
-    return Runtime(agent=agent, session=session, client=client, emitter=emitter)
+    return Runtime(agent=agent, session=session, client=client, emitter=emitter, sandbox=sandbox)

@@ -151,7 +151,7 @@ class ToolRunner:
                     ),
                 )
         await self._checkpoint_before(parsed, history_length)
-        result = await self.registry.run_async(parsed, self.ctx)
+        result = await self.registry.run_async(parsed, self.ctx, decision.grant)
         return self._finish(chunk.id, result)
 
     async def _ask(

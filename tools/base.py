@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tools.context import ToolContext
+from tools.sandbox import READ_ONLY, SandboxGrant
 from tools.schema import describe_validation_error, expected_shape, function_schema
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,11 @@ class Tool(ABC):
     @abstractmethod
     def run(self, args: Any, ctx: ToolContext) -> ToolResult:
         """Do the work. May raise; the registry turns exceptions into errors."""
+
+    def run_granted(self, args: Any, ctx: ToolContext, grant: SandboxGrant) -> ToolResult:
+        """Run with what the permission policy granted this call. Only tools that run
+        commands in the sandbox use the grant; the rest ignore it."""
+        return self.run(args, ctx)
 
     def access(self, args: Any) -> ToolAccess:
         """What this call touches. Tools that take paths or commands override it."""
@@ -178,24 +184,31 @@ class Registry:
             )
         return ToolCall(tool=tool, args=args, call_id=call_id)
 
-    def run(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
-        """Run a validated call. An unexpected exception becomes an error result."""
+    def run(self, call: ToolCall, ctx: ToolContext, grant: SandboxGrant = READ_ONLY) -> ToolResult:
+        """Run a validated call with `grant` (by default a command may only read).
+        An unexpected exception becomes an error result."""
         try:
-            return call.tool.run(call.args, ctx)
+            return call.tool.run_granted(call.args, ctx, grant)
         except Exception as exc:  # a tool bug must not take the agent loop down
             log.exception("tool %s failed", call.name)
             return ToolResult.error(f"{call.name} failed: {type(exc).__name__}: {exc}")
 
-    async def run_async(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
+    async def run_async(
+        self, call: ToolCall, ctx: ToolContext, grant: SandboxGrant = READ_ONLY
+    ) -> ToolResult:
         """`run` in a worker thread, for an asyncio agent loop. To interrupt a
         shell command, set `ctx.cancel_event`; cancelling the task alone does not."""
-        return await asyncio.to_thread(self.run, call, ctx)
+        return await asyncio.to_thread(self.run, call, ctx, grant)
 
     def call(
-        self, name: str, arguments: str | Mapping[str, Any] | None, ctx: ToolContext
+        self,
+        name: str,
+        arguments: str | Mapping[str, Any] | None,
+        ctx: ToolContext,
+        grant: SandboxGrant = READ_ONLY,
     ) -> ToolResult:
         """Parse and run in one step, without any permission check."""
         parsed = self.parse(name, arguments)
         if isinstance(parsed, ToolResult):
             return parsed
-        return self.run(parsed, ctx)
+        return self.run(parsed, ctx, grant)

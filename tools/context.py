@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tools.file_state import FileStateLedger
+from tools.sandbox import Sandbox, SandboxSettings
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,10 @@ class ToolLimits:
     shell_timeout_s: float = 120.0
     shell_max_timeout_s: float = 600.0
     shell_output_chars: int = 30_000
+    # Per process: a runaway loop stops; a build on every core for the whole
+    # timeout still fits (the wall-clock timeout is the real bound).
+    shell_cpu_seconds: int = 600 * 16
+    shell_max_file_bytes: int = 8 * 1024**3
     # Processes a shell run may add on top of what the user already runs:
     # RLIMIT_NPROC counts every task of the user, not just this tree.
     shell_process_budget: int = 1024
@@ -42,7 +47,8 @@ class ToolContext:
     confinement checks compare real paths. `cancel_event` is the agent's
     interrupt: setting it stops a running shell command (its whole process
     group). `env` is the environment shell commands start from, before
-    secrets are scrubbed.
+    the allow-list is applied. `sandbox` is the OS sandbox shell commands run
+    in; None means there is none (the permission policy then fails closed).
     """
 
     workspace: Path
@@ -52,6 +58,8 @@ class ToolContext:
     cancel_event: threading.Event = field(default_factory=threading.Event)
     env: Mapping[str, str] | None = None
     use_ripgrep: bool = True
+    sandbox: Sandbox | None = None
+    sandbox_settings: SandboxSettings = field(default_factory=SandboxSettings)
 
     def __post_init__(self) -> None:
         self.workspace = Path(os.path.realpath(self.workspace))

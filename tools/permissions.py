@@ -14,131 +14,47 @@ Order of judgement, first match wins:
    auto-edit and full-auto; shell commands that only read are allowed
    everywhere, other commands are denied in read-only, asked in ask and
    auto-edit, allowed in full-auto.
+
+Shell commands run in an OS sandbox (tools.sandbox) and the decision says
+what the sandbox grants: a command allowed as read-only gets a read-only
+workspace; one that was approved, or allowed by the mode or a rule, gets a
+writable one; network only where the user allowed it (`--network`, or an
+allow rule `network:PREFIX` covering every command of the line that is not
+read-only). The sandbox, not the parser, is what confines a command: with
+it, a read-only command may expand variables or name paths outside the
+workspace (they do not exist in there). Without a sandbox the policy fails
+closed: read-only mode offers no shell, and every other command asks unless
+the user allowed the shell tool as a whole.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shlex
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
+from tools.approval import ApprovalMode, Decision, Rule, Verdict
 from tools.base import Effect, ToolAccess, ToolCall
 from tools.context import ToolContext
-from tools.ignore import IgnoreMatcher, parse_rule
 from tools.paths import PathError, ResolvedPath, resolve_path, sensitivity
-from tools.readonly_commands import path_operands, read_only_problem
-from tools.shell_parse import CommandAnalysis, SimpleCommand, analyze, command_positions
+from tools.sandbox import READ_ONLY
+from tools.shell_parse import CommandAnalysis, analyze
+from tools.shell_rules import DANGEROUS_ASSIGNMENT, ShellJudgement, prefix_matches
+
+__all__ = [
+    "DANGEROUS_ASSIGNMENT",
+    "ApprovalMode",
+    "Decision",
+    "PermissionPolicy",
+    "Rule",
+    "Verdict",
+    "prefix_matches",
+]
 
 SHELL_TOOL = "shell"
-# Variables that change which program runs or what it loads.
-_DANGEROUS_ASSIGNMENT = re.compile(
-    r"^(PATH|IFS|ENV|BASH_ENV|PS4|PROMPT_COMMAND|SHELLOPTS|BASHOPTS|PYTHONPATH|PYTHONSTARTUP|"
-    r"NODE_OPTIONS|PERL5OPT|RUBYOPT|LD_\w*|DYLD_\w*|GIT_\w*)="
-)
 
 
-class ApprovalMode(str, Enum):
-    READ_ONLY = "read-only"
-    ASK = "ask"
-    AUTO_EDIT = "auto-edit"
-    FULL_AUTO = "full-auto"
-
-
-class Verdict(str, Enum):
-    ALLOW = "allow"
-    ASK = "ask"
-    DENY = "deny"
-
-
-@dataclass(frozen=True)
-class Decision:
-    verdict: Verdict
-    reason: str
-    request: str  # what the call would do, in words a person can approve
-
-    @property
-    def allowed(self) -> bool:
-        return self.verdict is Verdict.ALLOW
-
-    @property
-    def needs_approval(self) -> bool:
-        return self.verdict is Verdict.ASK
-
-    @property
-    def denied(self) -> bool:
-        return self.verdict is Verdict.DENY
-
-
-@dataclass(frozen=True)
-class Rule:
-    """`tool` is a tool name or '*'; `pattern` is a command prefix for shell
-    ("git push") or a path glob for file tools ("src/**", ".env"), None for all."""
-
-    tool: str
-    pattern: str | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> Rule:
-        """'shell', 'shell:npm test', 'shell(npm test)', 'write:src/**', '*'."""
-        text = text.strip()
-        match = re.fullmatch(r"([\w*-]+)\((.*)\)", text)
-        if match:
-            return cls(match.group(1), match.group(2).strip() or None)
-        tool, _, pattern = text.partition(":")
-        return cls(tool.strip(), pattern.strip() or None)
-
-    def __str__(self) -> str:
-        return self.tool if self.pattern is None else f"{self.tool}:{self.pattern}"
-
-    def covers_tool(self, name: str) -> bool:
-        return self.tool in ("*", name)
-
-    def prefix_tokens(self) -> tuple[str, ...]:
-        try:
-            return tuple(shlex.split(self.pattern or ""))
-        except ValueError:
-            return tuple((self.pattern or "").split())
-
-    def matches_path(self, path: ResolvedPath) -> bool:
-        rule = parse_rule(self.pattern or "")
-        return rule is not None and IgnoreMatcher([rule]).is_ignored(path.relative.as_posix())
-
-
-def _program_matches(word: str, wanted: str, *, by_basename: bool) -> bool:
-    if word == wanted:
-        return True
-    return by_basename and "/" not in wanted and os.path.basename(word) == wanted
-
-
-def prefix_matches(argv: Sequence[str], prefix: Sequence[str], *, by_basename: bool) -> bool:
-    if not prefix or len(argv) < len(prefix):
-        return False
-    if not _program_matches(argv[0], prefix[0], by_basename=by_basename):
-        return False
-    return tuple(argv[1 : len(prefix)]) == tuple(prefix[1:])
-
-
-def _deny_prefix_match(argv: Sequence[str], prefix: Sequence[str]) -> bool | None:
-    """Deny-rule matching: by program basename, and None (cannot tell) when a word
-    that decides the match comes from an expansion such as $VAR."""
-    if not prefix or len(argv) < len(prefix):
-        return False
-    for index, wanted in enumerate(prefix):
-        word = argv[index]
-        if "$" in word:
-            return None
-        if not (
-            word == wanted or (index == 0 and _program_matches(word, wanted, by_basename=True))
-        ):
-            return False
-    return True
-
-
-class PermissionPolicy:
+class PermissionPolicy(ShellJudgement):
     def __init__(
         self,
         mode: ApprovalMode | str,
@@ -147,8 +63,12 @@ class PermissionPolicy:
         extra_roots: Iterable[Path] = (),
         allow: Iterable[Rule | str] = (),
         deny: Iterable[Rule | str] = (),
+        sandboxed: bool = False,
+        network: bool = False,
     ) -> None:
         self.mode = ApprovalMode(mode)
+        self.sandboxed = sandboxed  # shell commands run in an OS sandbox
+        self.network = network  # the user allowed network for every command
         self.roots = tuple(Path(os.path.realpath(p)) for p in (workspace, *extra_roots))
         self.allow = [r if isinstance(r, Rule) else Rule.parse(r) for r in allow]
         self.deny = [r if isinstance(r, Rule) else Rule.parse(r) for r in deny]
@@ -162,7 +82,13 @@ class PermissionPolicy:
         deny: Iterable[Rule | str] = (),
     ) -> PermissionPolicy:
         return cls(
-            mode, workspace=ctx.workspace, extra_roots=ctx.extra_roots, allow=allow, deny=deny
+            mode,
+            workspace=ctx.workspace,
+            extra_roots=ctx.extra_roots,
+            allow=allow,
+            deny=deny,
+            sandboxed=ctx.sandbox is not None,
+            network=ctx.sandbox_settings.network,
         )
 
     def check(self, call: ToolCall) -> Decision:
@@ -177,7 +103,13 @@ class PermissionPolicy:
                 return Decision(Verdict.DENY, str(exc), access.summary)
         analysis = analyze(access.command) if access.command is not None else None
         verdict, reason = self._judge(tool, access, resolved, analysis)
-        return Decision(verdict, reason, access.summary)
+        grant = READ_ONLY
+        if analysis is not None and verdict is not Verdict.DENY:
+            grant = self._grant(analysis, self._cwd(resolved))
+        return Decision(verdict, reason, access.summary, grant)
+
+    def _cwd(self, resolved: list[ResolvedPath]) -> Path:
+        return resolved[0].real if resolved else self.roots[0]
 
     def _judge(
         self,
@@ -193,10 +125,21 @@ class PermissionPolicy:
                         Verdict.DENY,
                         f"{path.display} is inside .git; file tools never write there",
                     )
-        cwd = resolved[0].real if (analysis is not None and resolved) else self.roots[0]
+        cwd = self._cwd(resolved) if analysis is not None else self.roots[0]
         denied, unknown_deny = self._deny_rules(tool, resolved, analysis)
         if denied is not None:
             return Verdict.DENY, f"denied by rule '{denied}'"
+        if unknown_deny is not None and analysis is not None:
+            # Before anything that could allow it, a tool-wide allow rule included.
+            hidden = analysis.visibility_problem() or (
+                "it expands words, or a wrapper or git option the matcher cannot follow"
+            )
+            verdict = Verdict.DENY if self.mode is ApprovalMode.READ_ONLY else Verdict.ASK
+            return verdict, (
+                f"cannot tell whether it runs something denied by rule '{unknown_deny}' ({hidden})"
+            )
+        if analysis is not None and not self.sandboxed:
+            return self._judge_unsandboxed(tool)
         if self.mode is ApprovalMode.READ_ONLY and access.effect is not Effect.READ:
             if analysis is None:
                 return Verdict.DENY, "read-only mode does not allow changes"
@@ -204,11 +147,6 @@ class PermissionPolicy:
             if problem:
                 return Verdict.DENY, f"read-only mode only runs read-only commands: {problem}"
             return Verdict.ALLOW, "a read-only command"
-        if unknown_deny is not None and analysis is not None:
-            hidden = analysis.visibility_problem() or "it expands variables"
-            return Verdict.ASK, (
-                f"cannot tell whether it runs something denied by rule '{unknown_deny}' ({hidden})"
-            )
         sensitive = [(p, why) for p in resolved if (why := sensitivity(p))]
         if sensitive and not self._allowed_by_path_rules(tool, [p for p, _ in sensitive]):
             path, why = sensitive[0]
@@ -236,6 +174,14 @@ class PermissionPolicy:
             return Verdict.ALLOW, "allowed by allow rules"
         return Verdict.ASK, f"{self.mode.value} mode asks before running it: {problem}"
 
+    def _judge_unsandboxed(self, tool: str) -> tuple[Verdict, str]:
+        """Fail closed: with no sandbox the parser's word is not enough to run anything."""
+        if self.mode is ApprovalMode.READ_ONLY:
+            return Verdict.DENY, "read-only mode offers no shell when there is no sandbox"
+        if any(r.covers_tool(tool) and r.pattern is None for r in self.allow):
+            return Verdict.ALLOW, f"allowed by the allow rule '{tool}' (no sandbox)"
+        return Verdict.ASK, "there is no sandbox, so every command asks"
+
     def _deny_rules(
         self, tool: str, resolved: list[ResolvedPath], analysis: CommandAnalysis | None
     ) -> tuple[Rule | None, Rule | None]:
@@ -255,112 +201,6 @@ class PermissionPolicy:
             elif any(rule.matches_path(p) for p in resolved):
                 return rule, None
         return None, unknown
-
-    # -- shell -------------------------------------------------------------
-
-    def _shell_rule_hits(self, rule: Rule, analysis: CommandAnalysis) -> bool | None:
-        """True if some command the line runs matches the rule's prefix; None when
-        the line hides part of what it runs, so a match cannot be ruled out."""
-        prefix = rule.prefix_tokens()
-        unsure = analysis.visibility_problem() is not None
-        for command in analysis.commands:
-            for position in command_positions(command.argv):
-                match = _deny_prefix_match(position, prefix)
-                if match is True:
-                    return True
-                unsure |= match is None
-        return None if unsure else False
-
-    def read_only_problem(self, analysis: CommandAnalysis, cwd: Path) -> str | None:
-        """Why the line is not a read-only command confined to the workspace, or None."""
-        problem = analysis.visibility_problem()
-        if problem:
-            return problem
-        if analysis.background:
-            return "it starts a background job"
-        cwds = [cwd]
-        for command in analysis.commands:
-            if command.expands:
-                return "it expands variables, so what it touches is not known in advance"
-            if command.assignments:
-                return f"it sets {command.assignments[0].split('=', 1)[0]}"
-            problem = self._redirect_problem(command, cwds, writes_allowed=False)
-            if problem:
-                return problem
-            problem = read_only_problem(command.argv)
-            if problem:
-                return problem
-            for operand in path_operands(command.argv):
-                problem = self._operand_problem(operand, cwds)
-                if problem:
-                    return problem
-            if command.argv[:1] == ("cd",) and len(command.argv) > 1:
-                # Later words may be relative to either directory (cd can fail).
-                cwds.append(Path(os.path.realpath(cwds[-1] / os.path.expanduser(command.argv[1]))))
-        return None
-
-    def _operand_problem(self, word: str, cwds: list[Path]) -> str | None:
-        if word in ("-", ""):
-            return None
-        probe = re.split(r"[*?\[{]", word, maxsplit=1)[0] or "."
-        for cwd in cwds:
-            try:
-                resolved = resolve_path(probe, self.roots, base=cwd)
-            except PathError:
-                return f"{word} is outside the workspace"
-            why = sensitivity(resolved)
-            if why:
-                return f"{word} needs approval: {why}"
-        return None
-
-    def _redirect_problem(
-        self, command: SimpleCommand, cwds: list[Path], *, writes_allowed: bool
-    ) -> str | None:
-        for redirect in command.redirects:
-            if redirect.writes_file:
-                if not writes_allowed:
-                    return f"it writes to {redirect.target} (redirect {redirect.operator})"
-                problem = self._operand_problem(redirect.target or "", cwds)
-                if problem:
-                    return problem
-            elif redirect.reads_file:
-                problem = self._operand_problem(redirect.target or "", cwds)
-                if problem:
-                    return problem
-        return None
-
-    def _rules_problem(self, tool: str, analysis: CommandAnalysis, cwd: Path) -> str | None:
-        """None when allow rules (or the read-only list) cover every command of the line."""
-        rules = [r for r in self.allow if r.covers_tool(tool)]
-        if not rules:
-            return "no allow rule covers it"
-        if any(r.pattern is None for r in rules):
-            return None
-        problem = analysis.visibility_problem()
-        if problem:
-            return problem
-        if analysis.background:
-            return "it starts a background job"
-        writes_allowed = self.mode in (ApprovalMode.AUTO_EDIT, ApprovalMode.FULL_AUTO)
-        for command in analysis.commands:
-            if not command.argv:
-                continue
-            problem = self._redirect_problem(command, [cwd], writes_allowed=writes_allowed)
-            if problem:
-                return problem
-            if any(_DANGEROUS_ASSIGNMENT.match(a) for a in command.assignments):
-                return "it sets a variable that changes what runs"
-            single = CommandAnalysis(source=analysis.source, commands=[command])
-            if self.read_only_problem(single, cwd) is None:
-                continue
-            covered = any(
-                prefix_matches(command.argv, tokens, by_basename=False)
-                and not any(i < len(tokens) for i in command.expanding_words)
-                for tokens in (r.prefix_tokens() for r in rules)
-            )
-            if not covered:
-                return f"no allow rule covers {shlex.join(command.argv)}"
-        return None
 
     def _allowed_by_path_rules(self, tool: str, paths: Sequence[ResolvedPath]) -> bool:
         rules = [r for r in self.allow if r.covers_tool(tool)]

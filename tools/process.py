@@ -5,14 +5,18 @@ group); stopping it signals the whole group, so children and grandchildren
 go with it: SIGTERM first, SIGKILL after a grace period for those that
 ignore it. When the leader exits on its own, whatever it left running in
 the background is killed too, since it would otherwise hold the output pipe
-open and outlive the tool call. (A process that calls setsid() itself leaves
-the group; only a cgroup or container could hold it.)
+open and outlive the tool call. A process that calls setsid() itself leaves
+the group: the sandbox's PID namespace, or the command's own cgroup where
+one can be made (tools.process_limits), still reaches it.
+
+The exit status is the leader's: its output pipe can reach end-of-file a
+moment before the kernel lets it be reaped, so end of output means "wait
+for the leader", never "kill it".
 """
 
 from __future__ import annotations
 
 import os
-import resource
 import selectors
 import signal
 import subprocess
@@ -23,6 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.output_cap import HeadTailBuffer
+from tools.process_limits import (
+    Limits,
+    PidsCgroup,
+    process_limit,
+    rlimit_setter,
+    user_task_count,
+)
+
+__all__ = ["ProcessOutcome", "process_limit", "run_process", "user_task_count"]
 
 _POLL_S = 0.05
 # After the group is gone, how long to wait for the pipe to close (a process
@@ -46,55 +59,6 @@ class ProcessOutcome:
         return self.exit_code == 0 and not self.timed_out and not self.cancelled
 
 
-def user_task_count(uid: int | None = None) -> int | None:
-    """Tasks (processes and their threads) of this real uid visible now, or None if unknown.
-
-    RLIMIT_NPROC counts threads too, so a desktop session with a browser
-    open may already hold thousands; the limit has to be set above that.
-    """
-    uid = os.getuid() if uid is None else uid
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return None
-    count = 0
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = dict(
-                line.split(":", 1) for line in (entry / "status").read_text().splitlines()
-            )
-            if int(fields["Uid"].split()[0]) == uid:
-                count += int(fields.get("Threads", "1"))
-        except (OSError, ValueError, KeyError, IndexError):
-            continue
-    return count
-
-
-def process_limit(budget: int) -> int | None:
-    """The RLIMIT_NPROC value that lets a command start about `budget` more processes.
-
-    The limit counts every task of the user, so it is set relative to how
-    many exist now; it never raises the current hard limit. (Tasks of the same
-    uid in other PID namespaces are invisible here and count against it too.)
-    """
-    current = user_task_count()
-    if current is None or budget <= 0:
-        return None
-    _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
-    wanted = current + budget
-    return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-
-
-def _limits_setter(nproc: int | None):
-    def apply() -> None:  # runs in the child between fork and exec: keep it tiny
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if nproc is not None:
-            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-
-    return apply
-
-
 def _signal_group(pgid: int, sig: int) -> bool:
     try:
         os.killpg(pgid, sig)
@@ -113,8 +77,23 @@ def run_process(
     cancel_event: threading.Event | None = None,
     process_budget: int = 0,
     kill_grace_s: float = 2.0,
+    limits: Limits | None = None,
 ) -> ProcessOutcome:
-    """Run `argv` to completion, timeout or cancellation; stdout and stderr interleaved."""
+    """Run `argv` to completion, timeout or cancellation; stdout and stderr interleaved.
+    `process_budget` caps the processes it may start (a cgroup where one can be made,
+    else RLIMIT_NPROC); `limits` adds CPU-time and file-size limits."""
+    limits = limits or Limits()
+    cgroup = PidsCgroup.create(process_budget) if process_budget > 0 else None
+    nproc = None if cgroup is not None else process_limit(process_budget)
+    try:
+        return _run(argv, cwd, env, timeout_s, output_limit, cancel_event, kill_grace_s,
+                    rlimit_setter(limits, nproc, cgroup))  # fmt: skip
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
+
+
+def _run(argv, cwd, env, timeout_s, output_limit, cancel_event, kill_grace_s, preexec):
     started = time.monotonic()
     buffer = HeadTailBuffer(output_limit)
     process = subprocess.Popen(
@@ -126,7 +105,7 @@ def run_process(
         stderr=subprocess.STDOUT,
         start_new_session=True,
         close_fds=True,
-        preexec_fn=_limits_setter(process_limit(process_budget)),
+        preexec_fn=preexec,
     )
     pgid = process.pid  # the leader of a new session: its pid is the group id
     assert process.stdout is not None
@@ -144,31 +123,36 @@ def run_process(
                 not _read_available(stream, buffer) for _ in selector.select(_POLL_S)
             )
             if end_of_output:
-                break  # every writer is gone
+                break  # every writer is gone; the leader may still be running
             now = time.monotonic()
             if term_sent_at is None:
                 if now >= deadline:
                     timed_out = True
                 elif cancel_event is not None and cancel_event.is_set():
                     cancelled = True
-                if timed_out or cancelled or process.poll() is not None:
-                    # Stopping it, or it is done: either way the group goes now.
-                    if process.poll() is None:
-                        _signal_group(pgid, signal.SIGTERM)
-                        term_sent_at = now
-                    else:
-                        _signal_group(pgid, signal.SIGKILL)
-                        term_sent_at = now - kill_grace_s
+                if timed_out or cancelled:
+                    _signal_group(pgid, signal.SIGTERM)
+                    term_sent_at = now
+                elif _exited(process):
+                    # Done, but something it started holds the pipe: that goes now.
+                    _signal_group(pgid, signal.SIGKILL)
+                    term_sent_at = now - kill_grace_s
             elif now - term_sent_at >= kill_grace_s:
                 _signal_group(pgid, signal.SIGKILL)
-                if process.poll() is not None:
+                if _exited(process):
                     if drain_until is None:
                         drain_until = now + _DRAIN_S
                     elif now >= drain_until:
                         break
+        if term_sent_at is None:
+            timed_out, cancelled = _wait_for_leader(process, deadline, cancel_event)
+            if timed_out or cancelled:
+                _signal_group(pgid, signal.SIGTERM)
+                _wait_for_leader(process, time.monotonic() + kill_grace_s, None)
     finally:
-        if process.poll() is None:
-            _signal_group(pgid, signal.SIGKILL)
+        # The leader is not reaped before this, so its group id cannot have been
+        # reused: signalling the group reaches only what the command started.
+        _signal_group(pgid, signal.SIGKILL)
         process.wait()
         selector.close()
         stream.close()
@@ -183,6 +167,31 @@ def run_process(
         cancelled=cancelled,
         duration_s=time.monotonic() - started,
     )
+
+
+def _exited(process: subprocess.Popen) -> bool:
+    """Whether the leader has exited, without reaping it (WNOWAIT): an unreaped
+    leader keeps its process group id reserved."""
+    if process.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _wait_for_leader(
+    process: subprocess.Popen, deadline: float, cancel_event: threading.Event | None
+) -> tuple[bool, bool]:
+    """Wait for the leader after its output closed: (timed out, cancelled)."""
+    while True:
+        if _exited(process):
+            return False, False
+        time.sleep(0.005)
+        if time.monotonic() >= deadline:
+            return True, False
+        if cancel_event is not None and cancel_event.is_set():
+            return False, True
 
 
 def _read_available(stream, buffer: HeadTailBuffer, max_chunks: int = 64) -> bool:

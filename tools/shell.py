@@ -1,16 +1,29 @@
-"""The `shell` tool: run a bash command in the workspace, bounded in time, output and processes."""
+"""The `shell` tool: run a bash command in the workspace, bounded in time, output and processes.
+
+Every command runs in the OS sandbox when there is one (tools.sandbox),
+with what the permission policy granted the call: a read-only workspace
+unless it was approved or allowed to write, no network unless allowed. Its
+environment comes from an allow-list either way.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 from pydantic import Field
 
 from tools.base import Arguments, Effect, Tool, ToolAccess, ToolResult
 from tools.context import ToolContext
-from tools.environment import scrubbed_environment
+from tools.environment import command_environment
+from tools.git_env import forced_config_env
 from tools.paths import PathError, resolve_path
 from tools.process import ProcessOutcome, run_process
+from tools.process_limits import Limits
+from tools.sandbox import READ_ONLY, SandboxGrant
+
+# Errors that mean "the sandbox kept this read-only", worth a hint for the model.
+_READ_ONLY_ERRORS = ("Read-only file system", "EROFS")
 
 
 class ShellArgs(Arguments):
@@ -54,6 +67,9 @@ class ShellTool(Tool):
         )
 
     def run(self, args: ShellArgs, ctx: ToolContext) -> ToolResult:
+        return self.run_granted(args, ctx, READ_ONLY)
+
+    def run_granted(self, args: ShellArgs, ctx: ToolContext, grant: SandboxGrant) -> ToolResult:
         limits = ctx.limits
         timeout = min(args.timeout_s or limits.shell_timeout_s, limits.shell_max_timeout_s)
         cwd = ctx.workspace
@@ -67,22 +83,32 @@ class ShellTool(Tool):
             cwd = target.real
         if ctx.cancel_event.is_set():
             return ToolResult.error("Not run: the turn was interrupted.")
+        argv, env = command_line(args.command, ctx, cwd, grant)
         try:
             outcome = run_process(
-                [bash_path(), "-c", args.command],
+                argv,
                 cwd=cwd,
-                env=scrubbed_environment(ctx.base_env()),
+                env=env,
                 timeout_s=timeout,
                 output_limit=limits.shell_output_chars,
                 cancel_event=ctx.cancel_event,
                 process_budget=limits.shell_process_budget,
                 kill_grace_s=limits.shell_kill_grace_s,
+                limits=Limits(
+                    cpu_seconds=limits.shell_cpu_seconds, file_bytes=limits.shell_max_file_bytes
+                ),
             )
         except OSError as exc:
             return ToolResult.error(f"could not start the command: {exc.strerror or exc}")
         status = describe_outcome(outcome, timeout)
         body = outcome.output.rstrip("\n")
         output = f"{body}\n{status}" if body else status
+        if ctx.sandbox is not None and not grant.write and not outcome.succeeded:
+            if any(marker in body for marker in _READ_ONLY_ERRORS):
+                output += (
+                    "\n[the workspace was read-only for this command because it ran without "
+                    "approval; a command that changes files must be approved]"
+                )
         return ToolResult(
             ok=outcome.succeeded,
             output=output,
@@ -94,5 +120,39 @@ class ShellTool(Tool):
                 "cancelled": outcome.cancelled,
                 "duration_s": round(outcome.duration_s, 3),
                 "omitted_bytes": outcome.omitted_bytes,
+                "sandbox": sandbox_label(ctx, grant),
             },
         )
+
+
+def sandbox_label(ctx: ToolContext, grant: SandboxGrant) -> str:
+    if ctx.sandbox is None:
+        return "none"
+    access = "read-write" if grant.write else "read-only"
+    return f"{access}, network {'on' if grant.network else 'off'}"
+
+
+def command_line(
+    command: str, ctx: ToolContext, cwd, grant: SandboxGrant
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that run `command`: inside the sandbox when there is
+    one (its HOME an empty folder at the user's home path, TMPDIR private)."""
+    base = ctx.base_env()
+    names = ctx.sandbox_settings.env_names
+    argv = [bash_path(), "-c", command]
+    if ctx.sandbox is None:
+        return argv, command_environment(base, home=base.get("HOME"), extra_names=names)
+    home = base.get("HOME") or os.path.expanduser("~")
+    env = command_environment(
+        base, home=home, tmpdir="/tmp", extra_names=names, extra=forced_config_env()
+    )
+    wrapped = ctx.sandbox.wrap(
+        argv,
+        workspace=ctx.workspace,
+        cwd=cwd,
+        grant=grant,
+        extra_roots=ctx.extra_roots,
+        env=base,
+        settings=ctx.sandbox_settings,
+    )
+    return wrapped, env

@@ -11,18 +11,25 @@ simple command, `ls`, and nothing it cannot see.
 from __future__ import annotations
 
 import os
-import shlex
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import bashlex
 import bashlex.errors
 
+from tools.command_normalize import Layer, every_layer
+
 SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "fish", "busybox"})
 WRITE_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>", "<>", ">&"})
 READ_REDIRECTS = frozenset({"<"})
 HARMLESS_TARGETS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
 MAX_NESTING = 3
+_DIRECTORY_TILDE = re.compile(r"~[+-]\d*|~\d+")
+# The `time` keyword where a command starts (bashlex does not implement it).
+_TIME_KEYWORD = re.compile(
+    r"(^|[;&|(){}!\n]|\b(?:then|do|else|if|elif|while|until)\b)(\s*)(time(?:\s+-p)?)(?=\s|$)"
+)
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,11 @@ class _Collector:
             elif part.kind in ("commandsubstitution", "processsubstitution"):
                 expands = True
                 self._substitution(part)
-            elif part.kind != "tilde":
+            elif part.kind == "tilde":
+                # ~+ is $PWD, ~- $OLDPWD, ~N a directory-stack entry: a path check
+                # would take `~+/../x` for a directory named '~+'.
+                expands |= _DIRECTORY_TILDE.fullmatch(part.value) is not None
+            else:
                 self.visit(part)
         return expands
 
@@ -256,106 +267,26 @@ def _shell_script_index(argv: tuple[str, ...]) -> int | None:
     return None
 
 
-# Programs that run another program given in their arguments, and the options
-# of theirs that take a value (so the value is not taken for the program).
-_WRAPPERS: dict[str, tuple[frozenset[str], int]] = {
-    "sudo": (frozenset({"-u", "-g", "-U", "-C", "-D", "-h", "-p", "-r", "-t", "-T"}), 0),
-    "doas": (frozenset({"-u", "-C"}), 0),
-    "env": (frozenset({"-u", "-C", "--unset", "--chdir"}), 0),
-    "nice": (frozenset({"-n", "--adjustment"}), 0),
-    "nohup": (frozenset(), 0),
-    "time": (frozenset({"-f", "-o", "--format", "--output"}), 0),
-    "command": (frozenset(), 0),
-    "builtin": (frozenset(), 0),
-    "exec": (frozenset({"-a"}), 0),
-    "setsid": (frozenset(), 0),
-    "stdbuf": (frozenset({"-i", "-o", "-e"}), 0),
-    "ionice": (frozenset({"-c", "-n", "-p"}), 0),
-    "chrt": (frozenset(), 1),
-    "taskset": (frozenset(), 1),
-    "timeout": (frozenset({"-s", "-k", "--signal", "--kill-after"}), 1),
-    "flock": (frozenset({"-w", "-E", "--timeout", "--conflict-exit-code"}), 1),
-    "xargs": (
-        frozenset({"-I", "-L", "-n", "-P", "-s", "-d", "-E", "-a", "--arg-file", "--delimiter"}),
-        0,
-    ),
-    "strace": (frozenset({"-o", "-e", "-p", "-s", "-u"}), 0),
-    "ltrace": (frozenset({"-o", "-e", "-p", "-s", "-u"}), 0),
-    "watch": (frozenset({"-n", "-d", "--interval"}), 0),
-    "unbuffer": (frozenset(), 0),
-}
-_FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
-
-
-def _unwrap(argv: tuple[str, ...]) -> tuple[str, ...] | None:
-    name = _basename(argv[0])
-    spec = _WRAPPERS.get(name)
-    if spec is None:
-        return None
-    takes_value, positionals = spec
-    rest = list(argv[1:])
-    while rest:
-        word = rest[0]
-        if word == "--":
-            rest.pop(0)
-            break
-        if name == "env" and (word in ("-S", "--split-string") or word.startswith("-S")):
-            split = word[2:] if word.startswith("-S") and len(word) > 2 else None
-            rest.pop(0)
-            text = split if split is not None else (rest.pop(0) if rest else "")
-            try:
-                return tuple(shlex.split(text)) + tuple(rest) or None
-            except ValueError:
-                return None
-        if word.startswith("-") and word != "-":
-            rest.pop(0)
-            if word in takes_value and rest:
-                rest.pop(0)
-            continue
-        if name == "env" and "=" in word:
-            rest.pop(0)
-            continue
-        break
-    for _ in range(positionals):
-        if rest:
-            rest.pop(0)
-    if name == "watch" and rest:
-        try:
-            return tuple(shlex.split(" ".join(rest))) or None
-        except ValueError:
-            return tuple(rest)
-    if name == "xargs" and not rest:
-        return ("echo",)
-    return tuple(rest) or None
-
-
 def command_positions(argv: tuple[str, ...]) -> list[tuple[str, ...]]:
-    """The command itself and every command it runs through a wrapper or find -exec."""
-    positions: list[tuple[str, ...]] = []
-    current: tuple[str, ...] | None = argv
-    for _ in range(8):
-        if not current:
-            break
-        positions.append(current)
-        if _basename(current[0]) == "find":
-            positions.extend(_find_exec_commands(current))
-        current = _unwrap(current)
-    return positions
+    """The command itself and every command it runs through a wrapper or find -exec
+    (tools.command_normalize takes the wrappers off)."""
+    layers, _ = every_layer(Layer.of(argv))
+    return [layer.argv for layer in layers if layer.argv]
 
 
-def _find_exec_commands(argv: tuple[str, ...]) -> list[tuple[str, ...]]:
-    found = []
-    index = 0
-    while index < len(argv):
-        if argv[index] in _FIND_EXEC:
-            end = index + 1
-            while end < len(argv) and argv[end] not in (";", "+"):
-                end += 1
-            if end > index + 1:
-                found.append(tuple(argv[index + 1 : end]))
-            index = end
-        index += 1
-    return found
+def _parse(command: str) -> list:
+    try:
+        return bashlex.parse(command)
+    except NotImplementedError:
+        # bashlex does not implement `time`, which only times the pipeline after
+        # it: parse the line with the keyword blanked out. The blanks keep its
+        # length, so positions in the source still hold.
+        blanked = _TIME_KEYWORD.sub(
+            lambda m: m.group(1) + m.group(2) + " " * len(m.group(3)), command
+        )
+        if blanked == command:
+            raise
+        return bashlex.parse(blanked)
 
 
 def analyze(command: str, depth: int = 0) -> CommandAnalysis:
@@ -365,7 +296,7 @@ def analyze(command: str, depth: int = 0) -> CommandAnalysis:
         analysis.error = "the command contains a NUL byte"
         return analysis
     try:
-        trees = bashlex.parse(command)
+        trees = _parse(command)
     except (bashlex.errors.ParsingError, NotImplementedError, AttributeError, IndexError) as exc:
         analysis.error = str(exc) or type(exc).__name__
         return analysis

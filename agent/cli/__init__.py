@@ -19,6 +19,7 @@ import typer
 from agent.cli.bench import bench_app
 from agent.cli.common import MODEL_HELP, fail
 from agent.cli.models import models_app
+from agent.process_guard import guard_agent_process
 
 app = typer.Typer(
     help="Resident: a terminal coding agent on its own inference engine.",
@@ -29,6 +30,11 @@ app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
 
 APPROVAL_HELP = "read-only, ask (asks; nobody answers in headless runs), auto-edit or full-auto."
+NETWORK_HELP = (
+    "Let shell commands use the network (off by default; an allow rule 'network:PREFIX' "
+    "allows it for matching commands only)."
+)
+SANDBOX_ENV_HELP = "An environment variable shell commands may see (repeatable)."
 
 
 def _check_agent_options(
@@ -71,6 +77,8 @@ def main(
         False, "--plain", help="Line-by-line prompt instead of the TUI (also when piped)."
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log engine details."),
+    network: bool = typer.Option(False, "--network", help=NETWORK_HELP),
+    sandbox_env: list[str] = typer.Option([], "--sandbox-env", help=SANDBOX_ENV_HELP),
 ) -> None:
     """Open the agent on this repository: the TUI on a terminal, else line by line."""
     if ctx.invoked_subcommand is not None:
@@ -80,6 +88,7 @@ def main(
     from engine.errors import EngineError
 
     mode = _check_agent_options(model, attach, approval, resume, continue_last)
+    guard_agent_process()
     options = RuntimeOptions(
         model=model,
         attach=attach,
@@ -88,6 +97,8 @@ def main(
         approval=mode,
         resume=resume,
         continue_last=continue_last,
+        network=network,
+        sandbox_env=tuple(sandbox_env),
     )
     use_tui = not plain and _on_terminal()
     if use_tui:
@@ -209,6 +220,8 @@ def run(
     allow: list[str] = typer.Option([], help="Allow rule, e.g. 'shell:pytest' (repeatable)."),
     deny: list[str] = typer.Option([], help="Deny rule, e.g. 'shell:git push' (repeatable)."),
     tools: str = typer.Option(None, help="Offer only these tools, e.g. 'read,grep,list'."),
+    network: bool = typer.Option(False, "--network", help=NETWORK_HELP),
+    sandbox_env: list[str] = typer.Option([], "--sandbox-env", help=SANDBOX_ENV_HELP),
 ) -> None:
     """Run one task headless; exit 0 done, 1 failed, 2 usage, 3 approval, 75 transient, 130."""
     from agent.headless import HeadlessOptions, run_headless
@@ -220,12 +233,15 @@ def run(
     if not task.strip():
         fail("the task is empty", code=2)
     mode = _check_agent_options(model, attach, approval, resume, continue_last)
+    guard_agent_process()
     options = RuntimeOptions(
         model=model,
         attach=attach,
         api_key=api_key,
         context_window=context_window,
         approval=mode,
+        network=network,
+        sandbox_env=tuple(sandbox_env),
         allow=tuple(allow),
         deny=tuple(deny),
         resume=resume,

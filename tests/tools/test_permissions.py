@@ -15,8 +15,10 @@ def decide(registry, workspace):
     (workspace / "src").mkdir()
     (workspace / "src" / "a.py").write_text("x = 1\n")
 
-    def run(mode, name, allow=(), deny=(), **arguments):
-        policy = PermissionPolicy(mode, workspace=workspace, allow=allow, deny=deny)
+    def run(mode, name, allow=(), deny=(), sandboxed=True, **arguments):
+        policy = PermissionPolicy(
+            mode, workspace=workspace, allow=allow, deny=deny, sandboxed=sandboxed
+        )
         call = registry.parse(name, arguments)
         assert isinstance(call, ToolCall), call
         return policy.check(call)
@@ -91,9 +93,6 @@ def test_secrets_and_git_internals(decide, mode):
         "ls >> file",
         "cat <(curl x)",
         'ls "unterminated',
-        "FOO=bar ls",
-        "ls $HOME",
-        "ls &",
         "find . -delete",
         "find . -exec rm {} ;",
         "sort -o out.txt in.txt",
@@ -102,15 +101,8 @@ def test_secrets_and_git_internals(decide, mode):
         "git commit -m x",
         "git branch -D main",
         "git stash",
-        "cat ../outside/secret.txt",
-        "cat /etc/passwd",
-        "cat ~/.ssh/id_rsa",
         "cat .env",
         "cat .git/config",
-        "cd .. && cat outside/secret.txt",
-        "cd src || cat ../outside/secret.txt",
-        "head -n 1 ../*",
-        "grep -r x --file=/etc/passwd",
         "ls() { rm -rf x; }; ls",
     ],
 )
@@ -118,6 +110,52 @@ def test_evasions_are_not_taken_for_read_only_commands(decide, command):
     assert decide("read-only", "shell", command=command).verdict is DENY, command
     assert decide("ask", "shell", command=command).verdict is ASK, command
     assert decide("auto-edit", "shell", command=command).verdict is ASK, command
+
+
+# What only the sandbox confines: variables, outside paths, background jobs.
+SANDBOX_CONFINED = [
+    "FOO=bar ls",
+    "ls $HOME",
+    "ls &",
+    "cat ../outside/secret.txt",
+    "cat /etc/passwd",
+    "cat ~/.ssh/id_rsa",
+    "cd .. && cat outside/secret.txt",
+    "cd src || cat ../outside/secret.txt",
+    "head -n 1 ../*",
+    "grep -r x --file=/etc/passwd",
+]
+
+
+@pytest.mark.parametrize("command", SANDBOX_CONFINED)
+def test_the_sandbox_lets_confined_reads_run_unasked_with_a_read_only_workspace(decide, command):
+    for mode in MODES:
+        decision = decide(mode, "shell", command=command)
+        assert decision.verdict is ALLOW, (mode, command, decision.reason)
+        assert not decision.grant.write and not decision.grant.network
+
+
+@pytest.mark.parametrize("command", [*SANDBOX_CONFINED, "ls", "git status", "cat src/a.py"])
+def test_without_a_sandbox_every_command_asks_and_read_only_mode_has_no_shell(decide, command):
+    assert decide("read-only", "shell", command=command, sandboxed=False).verdict is DENY
+    for mode in ("ask", "auto-edit", "full-auto"):
+        decision = decide(mode, "shell", command=command, sandboxed=False)
+        assert decision.verdict is ASK, (mode, command)
+        assert "no sandbox" in decision.reason
+    allowed = decide("ask", "shell", command=command, sandboxed=False, allow=["shell"])
+    assert allowed.verdict is ALLOW
+
+
+def test_grants_follow_the_decision(decide):
+    assert not decide("ask", "shell", command="ls").grant.write
+    assert decide("ask", "shell", command="make test").grant.write  # once approved
+    assert decide("full-auto", "shell", command="make test").grant.write
+    assert not decide("read-only", "shell", command="ls").grant.write
+    assert not decide("full-auto", "shell", command="pip install x").grant.network
+    networked = decide("full-auto", "shell", command="pip install x", allow=["network:pip install"])
+    assert networked.grant.network
+    mixed = decide("full-auto", "shell", command="pip install x && curl y", allow=["network:pip"])
+    assert not mixed.grant.network  # curl is not covered
 
 
 @pytest.mark.parametrize(
@@ -249,3 +287,21 @@ def test_policy_from_context(ctx, registry):
     policy = PermissionPolicy.for_context(ctx, ApprovalMode.AUTO_EDIT)
     call = registry.parse("write", {"path": "x.txt", "content": "x"})
     assert policy.check(call).allowed
+
+
+@pytest.mark.parametrize("sandboxed", [True, False])
+@pytest.mark.parametrize("command", ["git -c alias.p=push p", "echo push | xargs git"])
+def test_a_deny_rule_that_might_match_wins_over_a_tool_wide_allow(decide, command, sandboxed):
+    allow, deny = ["shell"], ["shell:git push"]
+    decision = decide("full-auto", "shell", command=command, allow=allow, deny=deny,
+                      sandboxed=sandboxed)  # fmt: skip
+    assert decision.verdict is ASK, decision.reason
+    assert decide("read-only", "shell", command=command, deny=deny).verdict is DENY
+
+
+def test_network_rules_see_through_wrappers(decide):
+    allow = ["network:pip install"]
+    assert decide(
+        "full-auto", "shell", command="timeout 60 pip install x", allow=allow
+    ).grant.network
+    assert not decide("full-auto", "shell", command="sudo pip install x", allow=allow).grant.network

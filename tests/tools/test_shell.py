@@ -19,6 +19,8 @@ from tools import ToolContext, ToolLimits, default_registry
 from tools.environment import is_secret_variable
 from tools.output_cap import HeadTailBuffer
 from tools.process import process_limit, user_task_count
+from tools.process_limits import process_cap_mechanism
+from tools.sandbox import SandboxSettings
 
 
 def _gone(pid: int, within: float = 3.0) -> bool:
@@ -172,14 +174,25 @@ def test_environment_is_scrubbed_of_secrets(workspace):
         "TOKENIZERS_PARALLELISM": "false",
         "LANG": "C.UTF-8",
     }
+    env["HTTPS_PROXY"] = "http://user:proxy-pass@proxy:3128"
+    env["DATABASE_URL"] = "postgres://u:db-pass@db/x"
     ctx = ToolContext(workspace=workspace, env=env)
     result = default_registry().call("shell", {"command": "env"}, ctx)
     for secret in ("sk-openai", "sk-ant", "resident-key", "resident-other", "hf-token",
-                   "gh-token", "aws-secret", "svc-key", "hunter2"):  # fmt: skip
+                   "gh-token", "aws-secret", "svc-key", "hunter2", "proxy-pass", "db-pass"):  # fmt: skip
         assert secret not in result.output
-    assert "TOKENIZERS_PARALLELISM=false" in result.output
+    # An allow-list: what it does not name stays out unless the user adds it.
+    assert "TOKENIZERS_PARALLELISM" not in result.output
     assert "LANG=C.UTF-8" in result.output
     assert "GIT_TERMINAL_PROMPT=0" in result.output
+    added = ToolContext(
+        workspace=workspace,
+        env=env,
+        sandbox_settings=SandboxSettings(env_names=("TOKENIZERS_PARALLELISM", "HTTPS_PROXY")),
+    )
+    output = default_registry().call("shell", {"command": "env"}, added).output
+    assert "TOKENIZERS_PARALLELISM=false" in output
+    assert "proxy-pass" not in output  # a password in a URL is never passed
 
 
 @pytest.mark.parametrize(
@@ -195,7 +208,16 @@ def test_environment_is_scrubbed_of_secrets(workspace):
         ("TOKENIZERS_PARALLELISM", False),
         ("PATH", False),
         ("HOME", False),
-        ("SSH_AUTH_SOCK", False),
+        # An agent socket lends the user's keys to whoever can reach it.
+        ("SSH_AUTH_SOCK", True),
+        ("PGPASSWORD", True),
+        ("MYSQL_PWD", True),
+        ("DATABASE_URL", True),
+        ("GH_PAT", True),
+        ("SENTRY_DSN", True),
+        ("DOCKER_AUTH_CONFIG", True),
+        ("PWD", False),
+        ("OLDPWD", False),
     ],
 )
 def test_secret_variable_names(name, secret):
@@ -203,6 +225,14 @@ def test_secret_variable_names(name, secret):
 
 
 def test_process_limit_is_applied(ctx):
+    if process_cap_mechanism().startswith("cgroup"):
+        result = _shell(
+            ctx,
+            "cat /proc/self/cgroup; cat /sys/fs/cgroup/pids$(sed -n 's/^[0-9]*:pids://p' /proc/self/cgroup)/pids.max 2>/dev/null || cat /sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)/pids.max",
+        )
+        assert "resident-" in result.output
+        assert str(ctx.limits.shell_process_budget) in result.output.splitlines()
+        return
     expected = process_limit(ctx.limits.shell_process_budget)
     if expected is None:
         pytest.skip("no /proc to count processes")

@@ -47,6 +47,14 @@ def _programs(command: str) -> set[str]:
         "r\\m x",
         "'rm' x",
         "ls | while read f; do rm $f; done",
+        "time rm x",
+        "ls && time -p rm x",
+        "watch 'ls; rm x'",
+        "flock /tmp/lock -c 'rm x'",
+        "stdbuf -oL nohup command rm x",
+        "exec -a name rm x",
+        "xargs -0 -n1 rm",
+        "sudo env -i nice -n 5 timeout 9 rm x",
     ],
 )
 def test_hidden_rm_is_found(command):
@@ -104,3 +112,18 @@ def test_background_and_assignments_are_recorded():
 
 def test_nul_bytes_do_not_parse():
     assert analyze("ls\x00rm x").error
+
+
+def test_the_time_keyword_only_times_what_follows():
+    analysis = analyze("time -p make test | wc -l")
+    assert analysis.visibility_problem() is None
+    assert [c.argv for c in analysis.commands] == [("make", "test"), ("wc", "-l")]
+
+
+def test_directory_stack_tildes_are_expansions():
+    # ~+ is $PWD and ~- $OLDPWD: `~+/../x` is not a directory named '~+'.
+    assert analyze("cat ~+/../x").commands[0].expanding_words == frozenset({1})
+    assert analyze("cat ~-/x").commands[0].expanding_words == frozenset({1})
+    assert analyze("cat ~/x").commands[0].expanding_words == frozenset()
+    problem = analyze("make test > ~+/../outside/x").visibility_problem()
+    assert problem and "redirect target" in problem

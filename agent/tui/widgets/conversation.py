@@ -227,6 +227,15 @@ class ConversationView(VerticalScroll):
                     f"{event.context_window:,}-token window · approval {event.approval}"
                 ),
             )
+            if event.sandbox.startswith("none"):
+                await self._add(
+                    group,
+                    Note(
+                        f"No sandbox ({event.sandbox.removeprefix('none: ')}): every shell "
+                        "command asks first, and read-only mode offers no shell.",
+                        "warning",
+                    ),
+                )
         elif isinstance(event, UserMessage):
             await self._add(group, UserBlock(event.text))
         elif isinstance(event, TurnStarted | TurnCompleted):

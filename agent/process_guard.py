@@ -1,0 +1,52 @@
+"""Guarding the agent process itself from the commands it runs.
+
+Two things a command could otherwise read about the agent: its memory (a
+same-user process may ptrace it or read /proc/PID/mem) and its environment
+(API keys for the engine or an attached server). The process is made
+non-dumpable, which also makes its /proc files owned by root; and secret
+variables leave `os.environ` once the CLI has read its options, so no child
+inherits them by accident. (The kernel still shows the environment the
+process was started with in /proc/PID/environ; non-dumpable is what keeps
+other processes of the same user out of it. Inside the sandbox the agent is
+not visible at all: commands have their own PID namespace.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+from tools.environment import is_secret_variable
+
+_PR_SET_DUMPABLE = 4
+# RESIDENT_ variables that configure the agent rather than hold secrets.
+CONFIG_NAMES = frozenset({"RESIDENT_DATA_DIR", "RESIDENT_NO_SANDBOX", "RESIDENT_CPU_KERNELS"})
+
+
+def make_undumpable() -> bool:
+    """prctl(PR_SET_DUMPABLE, 0); False where the OS has no such call."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def drop_secret_variables() -> list[str]:
+    """Remove credential-looking variables from this process's environment; their
+    names, sorted. Call after the options that read them (--api-key) are parsed."""
+    dropped = sorted(
+        name for name in os.environ if is_secret_variable(name) and name not in CONFIG_NAMES
+    )
+    for name in dropped:
+        os.environ.pop(name, None)
+    return dropped
+
+
+def guard_agent_process() -> None:
+    make_undumpable()
+    drop_secret_variables()
