@@ -21,8 +21,12 @@ import sys
 from tools.environment import is_secret_variable
 
 _PR_SET_DUMPABLE = 4
-# RESIDENT_ variables that configure the agent rather than hold secrets.
-CONFIG_NAMES = frozenset({"RESIDENT_DATA_DIR", "RESIDENT_NO_SANDBOX", "RESIDENT_CPU_KERNELS"})
+# Variables that configure the agent, or name an agent socket the user's own git
+# signing needs (a commit signed outside the sandbox), rather than hold secrets.
+CONFIG_NAMES = frozenset(
+    {"RESIDENT_DATA_DIR", "RESIDENT_NO_SANDBOX", "RESIDENT_CPU_KERNELS", "SSH_AUTH_SOCK",
+     "GPG_AGENT_INFO"}
+)  # fmt: skip
 
 
 def make_undumpable() -> bool:

@@ -8,6 +8,8 @@ disk before any display sees it.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +29,16 @@ from tools import (
     default_tools,
     open_checkpoint_store,
 )
+from tools.checkpoints import prune
 from tools.process_limits import process_cap_mechanism
 from tools.sandbox import Sandbox, SandboxSettings, SandboxUnavailable, detect_sandbox
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+# Checkpoints a workspace keeps: /undo walks back through recent edits; older
+# snapshots only hold disk (the git store's objects, the copy store's files).
+KEEP_CHECKPOINTS = 50
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -51,6 +59,7 @@ class RuntimeOptions:
     checkpoints: bool = True
     network: bool = False  # shell commands may use the network
     sandbox_env: tuple[str, ...] = ()  # more variables shell commands may see
+    sandbox_read: tuple[Path, ...] = ()  # more folders shell commands may read
 
 
 @dataclass
@@ -143,12 +152,21 @@ async def open_runtime(
     tool_context = ToolContext(
         workspace=workspace,
         sandbox=sandbox if isinstance(sandbox, Sandbox) else None,
-        sandbox_settings=SandboxSettings(network=options.network, env_names=options.sandbox_env),
+        sandbox_settings=SandboxSettings(
+            network=options.network,
+            env_names=options.sandbox_env,
+            read_only_paths=options.sandbox_read,
+        ),
     )
     policy = PermissionPolicy.for_context(
         tool_context, options.approval, allow=options.allow, deny=options.deny
     )
     checkpoints = open_checkpoint_store(workspace, data_dir()) if options.checkpoints else None
+    if checkpoints is not None:
+        try:  # housekeeping when a session opens; it must never stop one opening
+            await asyncio.to_thread(prune, checkpoints, KEEP_CHECKPOINTS)
+        except Exception as err:
+            log.warning("could not prune old checkpoints: %s", err)
     runner = ToolRunner(registry, tool_context, policy, emitter, approve, checkpoints)
     context = ResidentContext(
         workspace, client, registry.schemas(), tool_context, settings=options.context

@@ -14,6 +14,7 @@ brings files and conversation back together.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -150,8 +151,11 @@ class ToolRunner:
                         f"ask or find another way.{note}"
                     ),
                 )
+        grant = decision.grant
+        if decision.verdict is Verdict.ASK:  # a person approved this very call
+            grant = dataclasses.replace(grant, secrets=True)
         await self._checkpoint_before(parsed, history_length)
-        result = await self.registry.run_async(parsed, self.ctx, decision.grant)
+        result = await self.registry.run_async(parsed, self.ctx, grant)
         return self._finish(chunk.id, result)
 
     async def _ask(

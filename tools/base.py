@@ -74,6 +74,9 @@ class ToolAccess:
     paths: tuple[str, ...] = ()
     command: str | None = None
     escalation: str | None = None
+    # It runs code the repository holds (a commit's hooks): confined by the sandbox
+    # when there is one; without one the policy asks even in full-auto.
+    runs_repository_code: bool = False
 
 
 class Tool(ABC):

@@ -14,6 +14,7 @@ from pydantic import Field
 from tools.base import Arguments, Effect, Tool, ToolAccess, ToolResult
 from tools.context import ToolContext
 from tools.environment import scrubbed_environment
+from tools.git_commit_sandbox import sandboxed_commit, sign_last_commit
 from tools.git_repo import (
     GitError,
     Repository,
@@ -181,6 +182,7 @@ class GitCommitTool(Tool):
             summary=f"git commit: {subject}",
             paths=tuple(args.paths),
             escalation=escalation,
+            runs_repository_code=not args.no_verify,
         )
 
     def run(self, args: GitCommitArgs, ctx: ToolContext) -> ToolResult:
@@ -201,22 +203,30 @@ class GitCommitTool(Tool):
                 command.append("--no-verify")
             if args.allow_empty:
                 command.append("--allow-empty")
-            outcome = run_process(
-                command,
-                cwd=repo.work_tree,
-                # The one git process that runs the repository's hooks: the user approved it.
-                env=repository_env(repo, scrubbed_environment(ctx.base_env()), hooks=True),
-                timeout_s=ctx.limits.shell_timeout_s,
-                output_limit=ctx.limits.shell_output_chars,
-                cancel_event=ctx.cancel_event,
-                kill_grace_s=ctx.limits.shell_kill_grace_s,
-            )
+            sign_after = False
+            if ctx.sandbox is not None and not args.no_verify:
+                # Hooks are repository code a command may have just rewritten: they
+                # run confined, with the commit.
+                outcome, sign_after = sandboxed_commit(repo, command, ctx)
+            else:
+                outcome = run_process(
+                    command,
+                    cwd=repo.work_tree,
+                    # Without a sandbox the hooks run as the user: the policy asks first.
+                    env=repository_env(repo, scrubbed_environment(ctx.base_env()), hooks=True),
+                    timeout_s=ctx.limits.shell_timeout_s,
+                    output_limit=ctx.limits.shell_output_chars,
+                    cancel_event=ctx.cancel_event,
+                    kill_grace_s=ctx.limits.shell_kill_grace_s,
+                )
             if not outcome.succeeded:
                 why = "timed out" if outcome.timed_out else f"exit code {outcome.exit_code}"
                 return ToolResult.error(
                     f"git commit failed ({why}); nothing was committed.\n{outcome.output}",
                     exit_code=outcome.exit_code,
                 )
+            if sign_after:
+                sign_last_commit(repo, ctx)
             commit = git_text(repo, ["rev-parse", "HEAD"]).strip()
             show = ["show", "--stat", "--no-ext-diff", *relative_to_workspace(repo)]
             summary = git_text(repo, [*show, "--format=%h %s", "HEAD"])

@@ -12,7 +12,7 @@ snapshot's file list and, inside the sandbox, for the shell.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 # Run git as a tool, not as a person at a terminal.
@@ -74,13 +74,22 @@ GIT_REDIRECTING_VARIABLES = (
 )
 
 
-def forced_config_env(*, hooks: bool = False) -> dict[str, str]:
+def forced_config_env(
+    *,
+    hooks: bool = False,
+    signing: bool | None = None,
+    extra: Sequence[tuple[str, str]] = (),
+) -> dict[str, str]:
     """GIT_CONFIG_COUNT/KEY_n/VALUE_n entries forcing FORCED_CONFIG, and hooks and
     signing off unless `hooks`: only a commit the user approved runs the repository's
-    hooks, and that commit is signed as the user configured (as `git commit` would)."""
+    hooks, and that commit is signed as the user configured (as `git commit` would).
+    `signing` overrides the signing half; `extra` pairs are forced last."""
     pairs = list(FORCED_CONFIG)
+    if not (hooks if signing is None else signing):
+        pairs += SIGNING_OFF
     if not hooks:
-        pairs += [*SIGNING_OFF, HOOKS_OFF]
+        pairs.append(HOOKS_OFF)
+    pairs += extra
     env = {"GIT_CONFIG_COUNT": str(len(pairs))}
     for index, (key, value) in enumerate(pairs):
         env[f"GIT_CONFIG_KEY_{index}"] = key

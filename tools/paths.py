@@ -62,7 +62,12 @@ def resolve_path(raw: str, roots: Sequence[Path], base: Path | None = None) -> R
     expanded = os.path.expanduser(raw)
     joined = Path(expanded) if os.path.isabs(expanded) else (base or roots[0]) / expanded
     lexical = Path(os.path.normpath(joined))
-    real = Path(os.path.realpath(joined))
+    try:
+        real = Path(os.path.realpath(joined))
+    except (OSError, RuntimeError) as exc:  # e.g. /proc/1/root: a link it may not read
+        raise OutsideWorkspaceError(
+            f"{raw!r} cannot be resolved ({exc}); tools may only touch files inside the workspace."
+        ) from exc
     for index, root in enumerate(roots):
         if _is_within(real, root):
             relative = PurePosixPath(real.relative_to(root).as_posix() or ".")

@@ -155,6 +155,8 @@ class PermissionPolicy(ShellJudgement):
             return Verdict.ALLOW, "reading is allowed"
         if access.escalation:
             return Verdict.ASK, access.escalation
+        if access.runs_repository_code and not self.sandboxed:
+            return Verdict.ASK, "it runs the repository's hooks, and there is no sandbox"
         if self.mode is ApprovalMode.FULL_AUTO:
             return Verdict.ALLOW, "full-auto mode"
         if access.effect is Effect.WRITE:

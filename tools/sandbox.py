@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.sandbox_mounts import (
+    SECRET_SCAN_LIMIT,
     SYSTEM_DIRS,
     MountPlan,
     secret_files,
@@ -38,6 +39,10 @@ from tools.sandbox_mounts import (
 _PROBE_TIMEOUT_S = 10.0
 
 
+class SandboxError(Exception):
+    """A command cannot be wrapped safely; it must not run as asked."""
+
+
 @dataclass(frozen=True)
 class SandboxGrant:
     """What one command may do beyond reading the workspace: granted per call by the
@@ -45,6 +50,9 @@ class SandboxGrant:
 
     write: bool = False  # the workspace (not .git, not project config) is writable
     network: bool = False
+    # Secret files (.env, keys) readable: only for a command a person approved.
+    # Full-auto and allow rules write without a person, so they still see them empty.
+    secrets: bool = False
 
 
 READ_ONLY = SandboxGrant()
@@ -100,10 +108,12 @@ class Sandbox:
         extra_roots: Sequence[Path] = (),
         env: Mapping[str, str] | None = None,
         settings: SandboxSettings | None = None,
+        git_writable: bool = False,
+        extra_read_only: Sequence[Path] = (),
     ) -> list[str]:
         """The bwrap command line that runs `argv` in `cwd` under this sandbox and `grant`.
         `env` is the agent's environment (for PATH and HOME), not the command's.
-        Secret files are masked when the grant is read-only (a command nobody approved)."""
+        Secret files are masked unless a person approved this command (`grant.secrets`)."""
         env = os.environ if env is None else env
         settings = settings or SandboxSettings()
         home = _home(env)
@@ -112,10 +122,17 @@ class Sandbox:
             *toolchain_dirs(env.get("PATH", ""), home, workspace),
             *venv_base_prefixes(workspace),
             *interpreter_prefixes(),
+            *model_cache(env),
         ]
         masked: list[Path] = []
-        if not grant.write:
-            masked, _complete = secret_files(workspace)
+        if not grant.secrets:
+            masked, complete = secret_files(workspace)
+            if not complete:
+                raise SandboxError(
+                    f"the workspace holds more than {SECRET_SCAN_LIMIT:,} entries, too many to "
+                    "find every secret file to hide from a command nobody approved; this "
+                    "command needs approval"
+                )
         plan = MountPlan(
             workspace=workspace,
             extra_roots=tuple(Path(os.path.realpath(r)) for r in extra_roots),
@@ -123,8 +140,11 @@ class Sandbox:
             network=grant.network or settings.network,
             home=home,
             toolchains=tuple(toolchains),
-            read_only_paths=tuple(Path(os.path.realpath(p)) for p in settings.read_only_paths),
+            read_only_paths=tuple(
+                Path(os.path.realpath(p)) for p in (*settings.read_only_paths, *extra_read_only)
+            ),
             masked=tuple(masked),
+            git_writable=git_writable,
         )
         return [
             self.bwrap,
@@ -147,6 +167,14 @@ def interpreter_prefixes() -> list[Path]:
         if real != Path("/") and not (len(real.parts) > 1 and real.parts[1] in SYSTEM_DIRS):
             found.append(real)
     return found
+
+
+def model_cache(env: Mapping[str, str]) -> list[Path]:
+    """Resident's own model cache (as engine/model_store.py places it), read-only, so
+    `resident models pull` and tests inside the sandbox find the default model."""
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    models = Path(os.path.realpath(os.path.join(cache, "resident", "models")))
+    return [models] if models.is_dir() else []
 
 
 def _home(env: Mapping[str, str]) -> Path | None:

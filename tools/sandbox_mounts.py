@@ -18,6 +18,8 @@ workspace, then the read-only and masked paths inside it.
 from __future__ import annotations
 
 import os
+import stat
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +37,16 @@ ETC_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "
 CREDENTIAL_PARENTS = frozenset({".local", ".cargo", ".config", ".npm", ".gem", ".m2", ".gradle"})
 # Project configuration the agent reads: a command may never rewrite it.
 PROJECT_CONFIG = (".residentignore", ".resident")
-# Folders the secret scan does not enter: dependencies and caches, not the user's secrets.
-_SCAN_SKIP = frozenset({".git", "node_modules", "__pycache__", ".mypy_cache", ".ruff_cache"})
+# Folders the secret scan does not enter: installed dependencies and caches, never where
+# a user keeps secrets. Judged by name only: a marker file (a pyvenv.cfg) would let a
+# hostile repository switch the scan off beside the user's own .env.
+_SCAN_SKIP = frozenset(
+    {".git", "node_modules", "site-packages", "dist-packages", "__pycache__", ".mypy_cache",
+     ".ruff_cache", ".pytest_cache", ".tox", ".nox"}
+)  # fmt: skip
 SECRET_SCAN_LIMIT = 200_000  # directory entries; past it the scan stops and says so
+# Where a host keeps files only root may read (keys, databases, private logs).
+ROOT_PRIVATE_SCAN = ("/etc", "/var")
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ class MountPlan:
     toolchains: tuple[Path, ...] = ()
     read_only_paths: tuple[Path, ...] = ()
     masked: tuple[Path, ...] = ()
+    git_writable: bool = False  # only for the git tool's own commit
 
 
 def system_mounts(root: Path = Path("/")) -> list[str]:
@@ -68,7 +78,64 @@ def system_mounts(root: Path = Path("/")) -> list[str]:
     for secret in ETC_SECRETS:
         if os.path.isfile(secret):
             args += ["--ro-bind", os.devnull, secret]
+    for private in root_private_paths():
+        if not os.path.lexists(private):
+            continue  # gone since the scan: masking it would fail the whole sandbox
+        if private.is_dir():
+            args += ["--tmpfs", str(private), "--remount-ro", str(private)]
+        else:
+            args += ["--ro-bind", os.devnull, str(private)]
     return args
+
+
+_private_scan: tuple[float, tuple[Path, ...]] | None = None
+PRIVATE_SCAN_TTL_S = 60.0
+
+
+def root_private_paths() -> tuple[Path, ...]:
+    """What of the bound system directories a command must not reach: Unix sockets
+    (a read-only bind does not stop connect(): a database or container daemon would
+    answer with network off) and, when running as root, files and folders only their
+    owner may read.
+
+    Run as root, a sandboxed process is still uid 0 on the host's files (a user
+    namespace maps it there, and owner permissions need no capability), so
+    whatever is private to root (ssh host keys, /etc/ssl/private, database
+    folders) would be readable. Those are masked. The scan (about 7,000
+    entries, 0.1 s here) is reused for a minute: only the host's
+    administrator can add such files, never a sandboxed command.
+    """
+    global _private_scan
+    now = time.monotonic()
+    if _private_scan is None or now - _private_scan[0] > PRIVATE_SCAN_TTL_S:
+        _private_scan = (now, _scan_private(ROOT_PRIVATE_SCAN))
+    return _private_scan[1]
+
+
+def forget_private_scan() -> None:
+    global _private_scan
+    _private_scan = None
+
+
+def _scan_private(tops: tuple[str, ...]) -> tuple[Path, ...]:
+    root_user = os.geteuid() == 0
+    found: list[Path] = []
+    for top in tops:
+        for root, dirs, files in os.walk(top):
+            for name in [*dirs, *files]:
+                path = os.path.join(root, name)
+                try:
+                    info = os.lstat(path)
+                except OSError:
+                    continue
+                if stat.S_ISLNK(info.st_mode) or path in HIDDEN_SYSTEM_PATHS:
+                    continue
+                private_dir = stat.S_ISDIR(info.st_mode) and not info.st_mode & stat.S_IXOTH
+                private_file = stat.S_ISREG(info.st_mode) and not info.st_mode & stat.S_IROTH
+                if stat.S_ISSOCK(info.st_mode) or (root_user and (private_dir or private_file)):
+                    found.append(Path(path))
+            dirs[:] = [d for d in dirs if Path(root, d) not in found]
+    return tuple(found)
 
 
 def _inside(path: Path, roots: Sequence[Path]) -> bool:
@@ -180,7 +247,7 @@ def secret_files(workspace: Path, limit: int = SECRET_SCAN_LIMIT) -> tuple[list[
                     if entry.is_dir(follow_symlinks=False):
                         if entry.name in SECRET_DIR_NAMES:
                             found.append(path)
-                        elif entry.name not in _SCAN_SKIP and not (path / "pyvenv.cfg").exists():
+                        elif entry.name not in _SCAN_SKIP:
                             stack.append(path)
                     elif is_secret_name(entry.name) and not entry.is_symlink():
                         found.append(path)
@@ -193,9 +260,29 @@ def _bind(path: Path, *, writable: bool) -> list[str]:
     return ["--bind" if writable else "--ro-bind", str(path), str(path)]
 
 
+# Kernel interfaces under /proc that stay global even in a new PID namespace: a
+# process that is root on the host could set sysctls (core_pattern runs a program as
+# host root), trigger sysrq, or read kernel memory. Read-only or hidden, as container
+# runtimes do.
+PROC_READ_ONLY = ("/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq")
+PROC_HIDDEN = ("/proc/sysrq-trigger", "/proc/kcore", "/proc/keys", "/proc/timer_list",
+               "/proc/sched_debug", "/proc/latency_stats", "/proc/kallsyms")  # fmt: skip
+
+
+def proc_mounts() -> Iterator[str]:
+    yield from ("--proc", "/proc")
+    for path in PROC_READ_ONLY:
+        if os.path.isdir(path):
+            yield from ("--ro-bind", path, path)
+    for path in PROC_HIDDEN:
+        if os.path.exists(path):
+            yield from ("--ro-bind", os.devnull, path)
+
+
 def workspace_mounts(plan: MountPlan) -> Iterator[str]:
     """Scratch space, toolchains, the workspace and what lies read-only or masked on it."""
-    yield from ("--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm")
+    yield from proc_mounts()
+    yield from ("--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm")
     if plan.home is not None and not _is_system(plan.home):
         yield from ("--tmpfs", str(plan.home))
     for path in _outermost([*plan.toolchains, *plan.read_only_paths]):
@@ -207,7 +294,9 @@ def workspace_mounts(plan: MountPlan) -> Iterator[str]:
             yield from ("--ro-bind", str(resolv), str(resolv))
     for root in (plan.workspace, *plan.extra_roots):
         yield from _bind(root, writable=plan.writable)
-    protected = [*git_dirs(plan.workspace), *(plan.workspace / n for n in PROJECT_CONFIG)]
+    protected = [*(plan.workspace / n for n in PROJECT_CONFIG)]
+    if not plan.git_writable:
+        protected += git_dirs(plan.workspace)
     for path in protected:
         if os.path.lexists(path) and not path.is_symlink():
             yield from _bind(path, writable=False)

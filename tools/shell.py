@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 from pydantic import Field
 
@@ -20,7 +21,8 @@ from tools.git_env import forced_config_env
 from tools.paths import PathError, resolve_path
 from tools.process import ProcessOutcome, run_process
 from tools.process_limits import Limits
-from tools.sandbox import READ_ONLY, SandboxGrant
+from tools.sandbox import READ_ONLY, SandboxError, SandboxGrant
+from tools.sandbox_mounts import PROJECT_CONFIG
 
 # Errors that mean "the sandbox kept this read-only", worth a hint for the model.
 _READ_ONLY_ERRORS = ("Read-only file system", "EROFS")
@@ -83,7 +85,11 @@ class ShellTool(Tool):
             cwd = target.real
         if ctx.cancel_event.is_set():
             return ToolResult.error("Not run: the turn was interrupted.")
-        argv, env = command_line(args.command, ctx, cwd, grant)
+        try:
+            argv, env = command_line(args.command, ctx, cwd, grant)
+        except SandboxError as exc:
+            return ToolResult.error(f"Not run: {exc}.")
+        absent_config = [p for p in PROJECT_CONFIG if not os.path.lexists(ctx.workspace / p)]
         try:
             outcome = run_process(
                 argv,
@@ -103,8 +109,14 @@ class ShellTool(Tool):
         status = describe_outcome(outcome, timeout)
         body = outcome.output.rstrip("\n")
         output = f"{body}\n{status}" if body else status
+        created = remove_created_config(ctx.workspace, absent_config)
+        if created:
+            output += (
+                f"\n[removed {', '.join(created)}: commands may not create Resident's project "
+                "configuration; the user writes it]"
+            )
         if ctx.sandbox is not None and not grant.write and not outcome.succeeded:
-            if any(marker in body for marker in _READ_ONLY_ERRORS):
+            if not body.startswith("bwrap:") and any(m in body for m in _READ_ONLY_ERRORS):
                 output += (
                     "\n[the workspace was read-only for this command because it ran without "
                     "approval; a command that changes files must be approved]"
@@ -123,6 +135,22 @@ class ShellTool(Tool):
                 "sandbox": sandbox_label(ctx, grant),
             },
         )
+
+
+def remove_created_config(workspace: Path, absent: list[str]) -> list[str]:
+    """Project configuration a command created (the sandbox can keep existing files
+    read-only, not stop new ones from appearing): removed before anything reads it."""
+    created = []
+    for name in absent:
+        path = workspace / name
+        if not os.path.lexists(path):
+            continue
+        created.append(name)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return created
 
 
 def sandbox_label(ctx: ToolContext, grant: SandboxGrant) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from pathlib import Path
 
 import typer
 
@@ -35,6 +36,7 @@ NETWORK_HELP = (
     "allows it for matching commands only)."
 )
 SANDBOX_ENV_HELP = "An environment variable shell commands may see (repeatable)."
+SANDBOX_READ_HELP = "A folder shell commands may read, read-only (repeatable)."
 
 
 def _check_agent_options(
@@ -79,6 +81,7 @@ def main(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log engine details."),
     network: bool = typer.Option(False, "--network", help=NETWORK_HELP),
     sandbox_env: list[str] = typer.Option([], "--sandbox-env", help=SANDBOX_ENV_HELP),
+    sandbox_read: list[Path] = typer.Option([], "--sandbox-read", help=SANDBOX_READ_HELP),
 ) -> None:
     """Open the agent on this repository: the TUI on a terminal, else line by line."""
     if ctx.invoked_subcommand is not None:
@@ -99,6 +102,7 @@ def main(
         continue_last=continue_last,
         network=network,
         sandbox_env=tuple(sandbox_env),
+        sandbox_read=tuple(sandbox_read),
     )
     use_tui = not plain and _on_terminal()
     if use_tui:
@@ -222,6 +226,7 @@ def run(
     tools: str = typer.Option(None, help="Offer only these tools, e.g. 'read,grep,list'."),
     network: bool = typer.Option(False, "--network", help=NETWORK_HELP),
     sandbox_env: list[str] = typer.Option([], "--sandbox-env", help=SANDBOX_ENV_HELP),
+    sandbox_read: list[Path] = typer.Option([], "--sandbox-read", help=SANDBOX_READ_HELP),
 ) -> None:
     """Run one task headless; exit 0 done, 1 failed, 2 usage, 3 approval, 75 transient, 130."""
     from agent.headless import HeadlessOptions, run_headless
@@ -242,6 +247,7 @@ def run(
         approval=mode,
         network=network,
         sandbox_env=tuple(sandbox_env),
+        sandbox_read=tuple(sandbox_read),
         allow=tuple(allow),
         deny=tuple(deny),
         resume=resume,

@@ -20,6 +20,7 @@ from tools.sandbox import (
 from tools.sandbox_mounts import git_dirs, secret_files, toolchain_dirs
 
 WRITE = SandboxGrant(write=True)
+APPROVED = SandboxGrant(write=True, secrets=True)  # what a person's "yes" grants
 
 
 @pytest.fixture
@@ -104,7 +105,9 @@ def test_secrets_are_masked_for_commands_nobody_approved(sctx, workspace):
     (workspace / "sub" / "id_rsa").write_text("PRIVATE KEY\n")
     unasked = shell(sctx, "cat .en[v] sub/id_*; grep -r hunter2 . ; true")
     assert "hunter2" not in unasked.output and "PRIVATE KEY" not in unasked.output
-    approved = shell(sctx, "cat .env", WRITE)  # the user said yes to this one
+    written = shell(sctx, "cat .env", WRITE)  # full-auto, or an allow rule: nobody asked
+    assert "hunter2" not in written.output
+    approved = shell(sctx, "cat .env", APPROVED)  # the user said yes to this one
     assert "hunter2" in approved.output
 
 
@@ -207,3 +210,27 @@ def test_mount_plan_pieces(workspace, tmp_path):
     (workspace / ".git").write_text(f"gitdir: {tmp_path / 'real.git'}\n")
     (tmp_path / "real.git").mkdir()
     assert git_dirs(workspace) == [workspace / ".git", tmp_path / "real.git"]
+
+
+def test_commit_hooks_run_in_the_sandbox_with_the_users_identity(sctx, workspace, outside):
+    from tests.tools.conftest import commit_all, git, init_repo
+
+    init_repo(workspace)
+    (workspace / "a.txt").write_text("a\n")
+    commit_all(workspace, "first")
+    hooks = workspace / ".githooks"
+    hooks.mkdir()
+    hook = hooks / "pre-commit"
+    hook.write_text(
+        f"#!/bin/sh\necho hooked > {outside}/planted.txt\ncat {outside}/secret.txt\n"
+        "echo ran > hook-ran.txt\nexit 0\n"
+    )
+    hook.chmod(0o755)
+    git(workspace, "config", "core.hooksPath", ".githooks")
+    (workspace / "b.txt").write_text("b\n")
+    result = default_registry().call("git_commit", {"message": "add b", "stage_all": True}, sctx)
+    assert result.ok, result.output
+    assert (workspace / "hook-ran.txt").read_text() == "ran\n"  # the hook did run
+    assert not (outside / "planted.txt").exists() and "TOP SECRET" not in result.output
+    author = git(workspace, "log", "-1", "--format=%an <%ae>").strip()
+    assert author == "Test User <test@example.com>"  # from the user's config, read outside
