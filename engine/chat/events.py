@@ -67,7 +67,8 @@ class ToolCallEnd:
 
 @dataclass(frozen=True)
 class ToolCallError:
-    """A malformed tool call. Its raw text follows as a `ContentDelta`.
+    """A malformed tool call. Its raw text follows as a `ContentDelta` (for Kimi,
+    without the special-token markers, which never belong in text).
 
     `index` names an already announced call (a `ToolCallDelta` with that index
     was emitted) that is now void; it is None when nothing was announced.

@@ -9,6 +9,13 @@ first, inside `<think>` tags, then the answer. The rules:
   the answer is text the model is writing about, and stays content.
 - Reasoning ends at the first `</think>`; with no `</think>` the whole output
   is reasoning (the model ran out of tokens while thinking).
+- Reasoning also ends where a tool call begins (`end_at_tool_calls`, which
+  `ChatOutputParser` sets from its tool parser): Kimi K2.5/K2.6 and GLM open
+  calls while still thinking, without `</think>`. The call's marker and all
+  after it are content, for the tool parser; `left_open` then says that a
+  `</think>` may still follow.
+- An output that starts with `</think>` closes an empty reasoning: the prompt
+  opened `<think>` in a way `prompt_opens_reasoning` could not see.
 - Whitespace around the reasoning and at the start of the answer after
   `</think>` is layout and is dropped.
 
@@ -18,6 +25,7 @@ first, inside `<think>` tags, then the answer. The rules:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum, auto
 
@@ -51,12 +59,20 @@ def prompt_opens_reasoning(prompt: str) -> bool:
 class ReasoningParser:
     """One per response: `feed` text deltas, then `finish`."""
 
-    def __init__(self, starts_in_reasoning: bool = False) -> None:
+    def __init__(
+        self, starts_in_reasoning: bool = False, tool_call_markers: Sequence[str] = ()
+    ) -> None:
         self.starts_in_reasoning = starts_in_reasoning
         self._phase = _Phase.START
         self._buffer = ""
         self._reasoning = WhitespaceTrimmer()
         self._events: list[ReasoningEvent] = []
+        self._ends = (THINK_CLOSE, *tool_call_markers)
+        self.left_open = False  # reasoning was ended by a tool call, not by </think>
+
+    def end_at_tool_calls(self, markers: Sequence[str]) -> None:
+        """Also end reasoning where one of these tool-call markers begins."""
+        self._ends = (THINK_CLOSE, *markers)
 
     def feed(self, delta_text: str) -> list[ReasoningEvent]:
         self._buffer += delta_text
@@ -94,22 +110,31 @@ class ReasoningParser:
             self._buffer = text[len(THINK_OPEN) :]
             self._phase = _Phase.REASONING
             return True
-        if not final and THINK_OPEN.startswith(text):
-            return False  # only whitespace, or a partial <think>, so far
+        if text.startswith(THINK_CLOSE):
+            self._buffer = text[len(THINK_CLOSE) :]
+            self._phase = _Phase.AFTER_CLOSE
+            return True
+        if not final and (THINK_OPEN.startswith(text) or THINK_CLOSE.startswith(text)):
+            return False  # only whitespace, or a partial tag, so far
         # No opening tag: the buffer (leading whitespace and all) is either the
         # continuation of reasoning the prompt opened, or plain content.
         self._phase = _Phase.REASONING if self.starts_in_reasoning else _Phase.ANSWER
         return True
 
     def _scan_reasoning(self, final: bool) -> bool:
-        split = split_at_marker(self._buffer, (THINK_CLOSE,), final)
+        split = split_at_marker(self._buffer, self._ends, final)
         self._buffer = split.after
         text = self._reasoning.push(split.before)
         if text:
             self._events.append(ReasoningDelta(text))
         if split.marker is None:
             return False
-        self._phase = _Phase.AFTER_CLOSE
+        if split.marker == THINK_CLOSE:
+            self._phase = _Phase.AFTER_CLOSE
+        else:  # a tool call begins: it, and all after it, is the answer
+            self._buffer = split.marker + self._buffer
+            self._phase = _Phase.ANSWER
+            self.left_open = True
         return True
 
     def _take_events(self) -> list[ReasoningEvent]:
@@ -117,9 +142,11 @@ class ReasoningParser:
         return merge_adjacent_deltas(events)
 
 
-def parse_reasoning(text: str, starts_in_reasoning: bool = False) -> ReasoningResult:
+def parse_reasoning(
+    text: str, starts_in_reasoning: bool = False, tool_call_markers: Sequence[str] = ()
+) -> ReasoningResult:
     """Split a whole output into reasoning and content."""
-    parser = ReasoningParser(starts_in_reasoning)
+    parser = ReasoningParser(starts_in_reasoning, tool_call_markers)
     events = parser.feed(text) + parser.finish()
     reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
     content = "".join(e.text for e in events if isinstance(e, ContentDelta))

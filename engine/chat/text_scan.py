@@ -32,6 +32,10 @@ def held_back_length(text: str, markers: Sequence[str]) -> int:
 
     That tail may still grow into a marker, so it cannot be emitted yet.
     """
+    # Called on every delta: most tails hold no marker's first character at all.
+    window = text[-max((len(m) for m in markers), default=0) :]
+    if not any(marker[:1] in window for marker in markers if marker):
+        return 0
     longest = 0
     for marker in markers:
         for length in range(min(len(text), len(marker) - 1), longest, -1):

@@ -7,7 +7,11 @@ schema can tell. The rules:
 
 - Schema says only `string`: the text, verbatim.
 - Schema allows no `string` (integer, number, boolean, object, array, null):
-  the text parsed as JSON; text that does not parse stays a string, and the
+  the text parsed as JSON. GLM-4.7 sometimes writes such a value as it would
+  appear inside a JSON string: with backslash-escaped quotes
+  (`[{\\"id\\": 1}]`), or quoted whole (`"[1, 2]"`); both are read as the
+  JSON they hold. `True`/`False`/`None` are read as the boolean or null the
+  schema asks for. Text that still does not parse stays a string, and the
   agent's schema validation reports it to the model.
 - Schema allows `string` and other types (e.g. `["string", "null"]`): the
   parsed JSON value if its type is one of the others, else the text.
@@ -104,17 +108,48 @@ def may_be_untyped_json(text: str) -> bool:
     return not stripped or stripped[0] in UNTYPED_JSON_STARTS
 
 
+_UNPARSED = object()
+_PYTHON_WORDS = {"True": ("boolean", True), "False": ("boolean", False), "None": ("null", None)}
+
+
+def _parse(text: str) -> Any:
+    try:
+        return loads_strict(text)
+    except ValueError:
+        return _UNPARSED
+
+
+def _repaired(text: str, types: frozenset[str]) -> Any:
+    """A non-string value written the ways GLM gets wrong (see module doc), or _UNPARSED."""
+    if '\\"' in text:
+        # Only the quotes are escaped: a `\\` in such text is already JSON's
+        # escaped backslash, so decoding the whole as a string body would
+        # leave a Windows path's `\U` as an invalid escape.
+        value = _parse(text.replace('\\"', '"'))
+        if value is not _UNPARSED:
+            return value
+    word = _PYTHON_WORDS.get(text.strip())
+    if word is not None and word[0] in types:
+        return word[1]
+    return _UNPARSED
+
+
 def convert_value(text: str, types: frozenset[str]) -> Any:
     """The argument value GLM meant by `text`, given its allowed types (see module doc)."""
     if is_string_only(types):
         return text
-    try:
-        value = loads_strict(text)
-    except ValueError:
+    value = _parse(text)
+    if types and "string" not in types:
+        if value is _UNPARSED:
+            value = _repaired(text, types)
+        if isinstance(value, str):  # JSON quoted as a string: read what it holds
+            inner = _parse(value)
+            if inner is not _UNPARSED and _allowed(_json_type_of(inner), types):
+                value = inner
+        return text if value is _UNPARSED else value
+    if value is _UNPARSED:
         return text
     value_type = _json_type_of(value)
     if not types:
         return text if value_type == "string" else value
-    if "string" not in types:
-        return value
     return value if value_type != "string" and _allowed(value_type, types) else text

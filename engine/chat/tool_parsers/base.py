@@ -7,7 +7,8 @@ same everywhere:
 - Text is emitted only when no marker can start in it (see `text_scan`).
 - A call is announced (`ToolCallDelta` with id and name) once its name is
   known, its argument text follows in deltas, and `ToolCallEnd` closes it.
-- A malformed call gives `ToolCallError` and its raw text as content. In the
+- A malformed call gives `ToolCallError` and its raw text as content (Kimi's
+  special-token markers left out, since they never belong in text). In the
   default (incremental) mode an announced call cannot be taken back, so the
   error names its index and the consumer must drop it. With
   `hold_until_complete=True` a call's deltas are held until it ends, so a
@@ -82,10 +83,14 @@ class ToolParser(ABC):
     """Parses one model output: `feed` deltas, then `finish`; or `parse_complete`.
 
     One instance per response. `tools` are the request's OpenAI tool schemas;
-    formats whose arguments are untyped text (GLM) use them to type values.
+    formats whose arguments are untyped text (GLM) use them to type values,
+    and Kimi uses them to name calls whose header names no tool.
     """
 
     name: ClassVar[str]
+    # Markers that open a tool call. A model may open one while still inside
+    # `<think>`; the reasoning parser ends the reasoning there (see output.py).
+    start_markers: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,

@@ -71,6 +71,7 @@ def _json_string_body(text: str) -> str:
 
 class Glm45ToolParser(ToolParser):
     name = "glm45"
+    start_markers = (CALL_OPEN,)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

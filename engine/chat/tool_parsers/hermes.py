@@ -4,15 +4,23 @@
     {"name": "NAME", "arguments": {...}}
     </tool_call>
 
-One or more such blocks, with any whitespace inside. The body is read whole
-when `</tool_call>` arrives, then the call is announced and its arguments sent
-in one delta: a name can only be trusted once the JSON around it parses, and
-the models that use this format are small, so their calls are short.
+One or more such blocks, with any whitespace inside. When a body starts the
+way these models write it, `{"name": "NAME", "arguments": {`, the call is
+announced as soon as that much has arrived and its arguments object streams
+as the model writes it, as far as it stays valid JSON (`json_prefix`). At
+`</tool_call>` the whole body is parsed; if it does not say exactly what was
+streamed (broken JSON, a second `arguments` key), the call is voided.
 
-Also accepted, because models trained on this format produce them: arguments
-given as a JSON-encoded string, `parameters` instead of `arguments`, missing
-arguments (a call without parameters), and a JSON list of calls in one block.
-The arguments are re-serialized (`json.dumps(..., ensure_ascii=False)`).
+Other bodies are read whole at `</tool_call>`, because a name can only be
+trusted once the JSON around it parses. Accepted there, because models
+trained on this format produce them: arguments given as a JSON-encoded
+string, `parameters` instead of `arguments`, missing arguments (a call
+without parameters), and a JSON list of calls in one block. Their arguments
+are re-serialized (`json.dumps(..., ensure_ascii=False)`); streamed ones are
+the model's own text.
+
+A body that is complete, valid JSON when the output ends is a call even
+without `</tool_call>`: servers and models often stop right there.
 """
 
 from __future__ import annotations
@@ -21,11 +29,16 @@ import json
 from enum import Enum, auto
 from typing import Any
 
-from engine.chat.text_scan import split_at_marker
+from engine.chat.json_prefix import JsonObjectPrefix
+from engine.chat.text_scan import TextAccumulator, split_at_marker
 from engine.chat.tool_parsers.base import ToolParser, is_valid_tool_name, loads_strict
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
+
+_WHITESPACE = " \t\n\r"
+_NAME = object()  # stands for the tool name's string in _HEAD
+_HEAD = ("{", '"name"', ":", _NAME, ",", '"arguments"', ":", "{")
 
 
 class _State(Enum):
@@ -33,8 +46,45 @@ class _State(Enum):
     BODY = auto()  # between <tool_call> and </tool_call>
 
 
+class _Mode(Enum):
+    UNDECIDED = auto()  # the body so far could still start like _HEAD
+    STREAMING = auto()  # it does: the call is announced, its arguments stream
+    WHOLE = auto()  # it does not: the body is read at </tool_call>
+
+
 class MalformedCall(ValueError):
     pass
+
+
+def read_head(body: str) -> tuple[_Mode, str, int]:
+    """Whether body starts with _HEAD: (mode, tool name, offset of the arguments' `{`)."""
+    position = 0
+    name = ""
+    for token in _HEAD:
+        while position < len(body) and body[position] in _WHITESPACE:
+            position += 1
+        if position == len(body):
+            return _Mode.UNDECIDED, "", 0
+        if token is _NAME:
+            if body[position] != '"':
+                return _Mode.WHOLE, "", 0
+            end = body.find('"', position + 1)
+            name = body[position + 1 : end if end >= 0 else len(body)]
+            if "\\" in name:  # an escaped name is rare enough to leave to the whole parse
+                return _Mode.WHOLE, "", 0
+            if end < 0:
+                return _Mode.UNDECIDED, "", 0
+            if not is_valid_tool_name(name):
+                return _Mode.WHOLE, "", 0
+            position = end + 1
+            continue
+        piece = body[position : position + len(token)]
+        if not token.startswith(piece):
+            return _Mode.WHOLE, "", 0
+        if len(piece) < len(token):
+            return _Mode.UNDECIDED, "", 0
+        position += len(token)
+    return _Mode.STREAMING, name, position - 1
 
 
 def _arguments_of(call: Any) -> tuple[str, dict[str, Any]]:
@@ -54,8 +104,8 @@ def _arguments_of(call: Any) -> tuple[str, dict[str, Any]]:
     return name, arguments
 
 
-def parse_call_body(body: str) -> list[tuple[str, str]]:
-    """[(name, arguments_json)] from the text inside one <tool_call> block."""
+def parse_call_body(body: str) -> list[tuple[str, dict[str, Any]]]:
+    """[(name, arguments)] from the text inside one <tool_call> block."""
     try:
         value = loads_strict(body)
     except ValueError as error:
@@ -63,19 +113,26 @@ def parse_call_body(body: str) -> list[tuple[str, str]]:
     calls = value if isinstance(value, list) else [value]
     if not calls:
         raise MalformedCall("empty list of tool calls")
-    parsed = [_arguments_of(call) for call in calls]
-    return [(name, json.dumps(arguments, ensure_ascii=False)) for name, arguments in parsed]
+    return [_arguments_of(call) for call in calls]
 
 
 class HermesToolParser(ToolParser):
     name = "hermes"
+    start_markers = (CALL_OPEN,)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._state = _State.CONTENT
-        # How far the body has been searched for the closing tag: a long body
-        # arriving in small deltas must not be rescanned from its start each time.
-        self._searched = 0
+        self._begin_body()
+
+    def _begin_body(self) -> None:
+        # Body text moves out of the buffer as soon as no close tag can start in
+        # it, so a long body arriving in small deltas is never rescanned whole.
+        self._body = TextAccumulator()
+        self._mode = _Mode.UNDECIDED
+        self._call_name = ""
+        self._validator = JsonObjectPrefix()
+        self._streamed = TextAccumulator()
 
     def _step(self, final: bool) -> bool:
         if self._state is _State.CONTENT:
@@ -86,27 +143,64 @@ class HermesToolParser(ToolParser):
                 return False
             self._enter_call_markup()
             self._state = _State.BODY
-            self._searched = 0
+            self._begin_body()
             return True
         # Only the closing tag ends the body: a JSON string may contain "<tool_call>".
-        position = self._buffer.find(CALL_CLOSE, self._searched)
-        if position < 0:
-            self._searched = max(0, len(self._buffer) - len(CALL_CLOSE) + 1)
-            if final:
-                self._fail_call("output ended before </tool_call>", CALL_OPEN + self._buffer)
-                self._buffer = ""
-                self._state = _State.CONTENT
-            return False
-        body = self._buffer[:position]
-        self._buffer = self._buffer[position + len(CALL_CLOSE) :]
+        split = split_at_marker(self._buffer, (CALL_CLOSE,), final)
+        self._buffer = split.after
+        self._take_body_text(split.before)
+        if split.marker is not None:
+            self._end_body(closed=True)
+            return True
+        if final:
+            self._end_body(closed=False)
+        return False
+
+    def _take_body_text(self, text: str) -> None:
+        if not text:
+            return
+        self._body += text
+        if self._mode is _Mode.UNDECIDED:
+            self._mode, name, start = read_head(self._body.text)
+            if self._mode is _Mode.STREAMING:
+                self._call_name = name
+                self._open_call(name)
+                self._stream_arguments(self._body.text[start:])
+        elif self._mode is _Mode.STREAMING:
+            self._stream_arguments(text)
+
+    def _stream_arguments(self, text: str) -> None:
+        if self._validator.complete or self._validator.failed:
+            return
+        piece = text[: self._validator.feed(text)]
+        if self._validator.complete:
+            piece = piece.rstrip()  # whitespace after the object is not the arguments'
+        self._emit_arguments(piece)
+        self._streamed += piece
+
+    def _end_body(self, closed: bool) -> None:
+        body = self._body.text
+        raw = CALL_OPEN + body + (CALL_CLOSE if closed else "")
         self._state = _State.CONTENT
         try:
             calls = parse_call_body(body)
         except MalformedCall as error:
-            self._fail_call(str(error), CALL_OPEN + body + CALL_CLOSE)
-            return True
-        for name, arguments_json in calls:
-            self._open_call(name)
-            self._emit_arguments(arguments_json)
+            message = str(error) if closed else "output ended before </tool_call>"
+            self._fail_call(message, raw)
+            return
+        if self._mode is not _Mode.STREAMING:
+            for name, arguments in calls:
+                self._open_call(name)
+                self._emit_arguments(json.dumps(arguments, ensure_ascii=False))
+                self._close_call()
+            return
+        streamed = self._streamed.text
+        if (
+            self._validator.complete
+            and len(calls) == 1
+            and calls[0][0] == self._call_name
+            and loads_strict(streamed) == calls[0][1]
+        ):
             self._close_call()
-        return True
+        else:
+            self._fail_call(f"call to {self._call_name!r} differs from what was streamed", raw)

@@ -5,29 +5,42 @@
     ...
     <|tool_calls_section_end|>
 
-The header `functions.NAME:IDX` is the call's id, exactly as Kimi's chat
-template writes it back into the history; NAME may contain dots, dashes,
-underscores and colons (the trailing `:IDX` is split off). The arguments are
-already JSON, so they are streamed as the model writes them (trimmed of
-surrounding whitespace) and checked when the call ends.
+The header names the tool (`kimi_header` reads it, including the shapes a
+client's rewritten ids teach the model). The arguments are already JSON, so
+they are streamed as the model writes them, trimmed of surrounding whitespace
+and only as far as they stay a valid JSON-object prefix (`json_prefix`); they
+are checked when the call ends. A call whose header names no tool is held
+until its arguments are complete, then named by the one tool schema they fit,
+or dropped as ambiguous.
 
-The markers are special tokens, so the engine must detokenize with special
-tokens kept for this parser to see them.
+Tolerated, because Kimi models write them: a call without its section, a call
+without argument marker (a tool without parameters), a missing
+`<|tool_call_end|>` when the JSON object is complete and the next call, the
+section end or the end of output follows, repeated or stray markers. The
+markers are special tokens, so none of them ever appears in content: stray
+ones are dropped, and a malformed call's text is given back without them.
+
+The engine must detokenize with special tokens kept for this parser to see
+the markers.
 """
 
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass, field
 from enum import Enum, auto
 
+from engine.chat.json_prefix import JsonObjectPrefix
 from engine.chat.text_scan import (
     TextAccumulator,
     WhitespaceTrimmer,
     find_first_marker,
+    held_back_length,
     is_marker_prefix,
     split_at_marker,
 )
-from engine.chat.tool_parsers.base import ToolParser, is_valid_tool_name, json_object_error
+from engine.chat.tool_parsers.base import ToolParser, json_object_error, loads_strict
+from engine.chat.tool_parsers.kimi_header import call_id, read_header
+from engine.chat.tool_parsers.schema_match import matching_tools, tool_functions
 
 # Kimi's tokenizer also has the singular spelling; accept both.
 SECTION_BEGINS = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
@@ -35,46 +48,49 @@ SECTION_ENDS = ("<|tool_calls_section_end|>", "<|tool_call_section_end|>")
 CALL_BEGIN = "<|tool_call_begin|>"
 ARGUMENT_BEGIN = "<|tool_call_argument_begin|>"
 CALL_END = "<|tool_call_end|>"
+ALL_MARKERS = (*SECTION_BEGINS, *SECTION_ENDS, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END)
 
-# Markers after which a malformed call's remaining text stops being its raw text.
-_NEXT_STRUCTURE = (CALL_BEGIN, *SECTION_ENDS)
-_HEADER = re.compile(r"(?P<qualified>.+?)(?::(?P<index>\d+))?")
+# Markers that start the next piece of structure: they end a call left open.
+_NEXT_STRUCTURE = frozenset({CALL_BEGIN, *SECTION_BEGINS, *SECTION_ENDS})
+
+
+def strip_markers(text: str) -> str:
+    for marker in ALL_MARKERS:
+        text = text.replace(marker, "")
+    return text
 
 
 class _State(Enum):
     CONTENT = auto()  # plain text, watching for a section (or a bare call)
     SECTION = auto()  # between calls inside a section
     HEADER = auto()  # reading `functions.NAME:IDX`
-    ARGUMENTS = auto()  # streaming the JSON arguments
-    SKIP = auto()  # the rest of a malformed call, passed through as content
+    ARGUMENTS = auto()  # the JSON arguments
 
 
-def parse_header(header: str, calls_so_far: int) -> tuple[str, str] | None:
-    """(id, name) from a call header, or None when it names no tool."""
-    match = _HEADER.fullmatch(header)
-    if match is None:
-        return None
-    qualified = match["qualified"]
-    name = qualified.removeprefix("functions.")
-    if not is_valid_tool_name(name):
-        return None
-    if match["index"] is not None:
-        return header, name
-    # Kimi always numbers its calls; give an unnumbered one the id it would have had.
-    return f"{qualified}:{calls_so_far}", name
+@dataclass
+class _Call:
+    header: str
+    name: str | None  # None: held until the arguments tell which tool it is
+    index: int
+    arguments: TextAccumulator = field(default_factory=TextAccumulator)
+    trimmer: WhitespaceTrimmer = field(default_factory=WhitespaceTrimmer)
+    validator: JsonObjectPrefix = field(default_factory=JsonObjectPrefix)
+    sent: int = 0  # characters of the trimmed arguments already streamed
+
+    def raw_text(self) -> str:
+        """What the model wrote for this call, markers left out."""
+        return strip_markers(self.header + self.arguments.text)
 
 
 class KimiK2ToolParser(ToolParser):
     name = "kimi_k2"
+    start_markers = (*SECTION_BEGINS, CALL_BEGIN)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self._tool_names = frozenset(f["name"] for f in tool_functions(self.tools))
         self._state = _State.CONTENT
-        # The current call's text so far, to give back if it is malformed.
-        self._raw = TextAccumulator()
-        self._arguments = TextAccumulator()
-        self._trimmer = WhitespaceTrimmer()
-        self._call_name = ""
+        self._call: _Call | None = None
         self._calls_seen = 0
         self._in_stray_text = False
         self._state_after_call = _State.SECTION
@@ -86,24 +102,17 @@ class KimiK2ToolParser(ToolParser):
             return self._scan_section(final)
         if self._state is _State.HEADER:
             return self._scan_header(final)
-        if self._state is _State.ARGUMENTS:
-            return self._scan_arguments(final)
-        return self._skip_malformed(final)
+        return self._scan_arguments(final)
+
+    # -- outside calls ---------------------------------------------------------
 
     def _begin_call(self, in_section: bool) -> None:
         # A call written without its section returns to plain text, not to a section.
         self._state_after_call = _State.SECTION if in_section else _State.CONTENT
         self._state = _State.HEADER
-        self._raw = TextAccumulator(CALL_BEGIN)
-        self._arguments = TextAccumulator()
-        self._trimmer = WhitespaceTrimmer()
-
-    def _fail(self, message: str, raw_text: str, then: _State) -> None:
-        self._fail_call(message, raw_text)
-        self._state = then
 
     def _scan_content(self, final: bool) -> bool:
-        split = split_at_marker(self._buffer, (*SECTION_BEGINS, CALL_BEGIN), final)
+        split = split_at_marker(self._buffer, ALL_MARKERS, final)
         self._emit_content(split.before)
         self._buffer = split.after
         if split.marker is None:
@@ -111,8 +120,9 @@ class KimiK2ToolParser(ToolParser):
         self._enter_call_markup()
         if split.marker == CALL_BEGIN:  # a call without its section: tolerated
             self._begin_call(in_section=False)
-        else:
+        elif split.marker in SECTION_BEGINS:
             self._state = _State.SECTION
+        # Any other marker here closes nothing that is open: it is dropped.
         return True
 
     def _scan_section(self, final: bool) -> bool:
@@ -121,106 +131,149 @@ class KimiK2ToolParser(ToolParser):
         text = self._buffer
         if not text:
             return False
-        if text.startswith(CALL_BEGIN):
-            self._buffer = text[len(CALL_BEGIN) :]
-            self._in_stray_text = False
-            self._begin_call(in_section=True)
-            return True
-        for section_end in SECTION_ENDS:
-            if text.startswith(section_end):
-                self._buffer = text[len(section_end) :]
+        for marker in ALL_MARKERS:
+            if text.startswith(marker):
+                self._buffer = text[len(marker) :]
                 self._in_stray_text = False
-                self._state = _State.CONTENT
-                return True
-        if not final and is_marker_prefix(text, _NEXT_STRUCTURE):
+                if marker == CALL_BEGIN:
+                    self._begin_call(in_section=True)
+                elif marker in SECTION_ENDS:
+                    self._state = _State.CONTENT
+                return True  # a repeated section begin, or a stray end: dropped
+        if not final and is_marker_prefix(text, ALL_MARKERS):
             return False
         # Text where only calls belong: keep it as content, report it once per run.
         if not self._in_stray_text:
             self._report("unexpected text inside the tool-call section")
             self._in_stray_text = True
-        split = split_at_marker(text, _NEXT_STRUCTURE, final)
+        split = split_at_marker(text, ALL_MARKERS, final)
         self._emit_content(split.before)
         self._buffer = text[len(split.before) :]
         return bool(split.before)
 
+    # -- one call -------------------------------------------------------------
+
     def _scan_header(self, final: bool) -> bool:
-        found = find_first_marker(self._buffer, (ARGUMENT_BEGIN, CALL_END, *_NEXT_STRUCTURE))
+        found = find_first_marker(self._buffer, ALL_MARKERS)
         if found is None:
             if final:
-                self._fail(
-                    "output ended inside a tool call",
-                    self._raw.text + self._buffer,
-                    self._state_after_call,
-                )
+                self._fail_call("output ended inside a tool call header", self._buffer)
                 self._buffer = ""
+                self._state = self._state_after_call
             return False
         position, marker = found
         header = self._buffer[:position]
-        if marker != ARGUMENT_BEGIN:
+        if marker in _NEXT_STRUCTURE:
             self._buffer = self._buffer[position:]
-            self._fail(
-                f"tool call {header.strip()!r} has no arguments",
-                self._raw.text + header,
-                _State.SKIP,
-            )
+            self._fail_call(f"tool call {header.strip()!r} has no arguments", header)
+            self._state = self._state_after_call
             return True
-        self._raw += header + marker
         self._buffer = self._buffer[position + len(marker) :]
-        parsed = parse_header(header.strip(), self._calls_seen)
-        if parsed is None:
-            self._fail(
-                f"tool call header {header.strip()!r} names no tool", self._raw.text, _State.SKIP
-            )
-            return True
-        call_id, self._call_name = parsed
-        self._calls_seen += 1
-        self._open_call(self._call_name, call_id)
-        self._state = _State.ARGUMENTS
+        self._start_call(header)
+        if marker == CALL_END:  # no argument marker at all: a tool without parameters
+            self._end_call()
         return True
+
+    def _start_call(self, header: str) -> None:
+        parsed = read_header(header.strip(), self._tool_names)
+        index = parsed.index if parsed.index is not None else self._calls_seen
+        self._calls_seen += 1
+        name = parsed.name
+        if name is None and len(self._tool_names) == 1:
+            (name,) = self._tool_names  # the only tool there is
+        self._call = _Call(header=header, name=name, index=index)
+        if name is not None:
+            self._open_call(name, call_id(name, index))
+        self._state = _State.ARGUMENTS
 
     def _scan_arguments(self, final: bool) -> bool:
-        # Only the end marker ends the arguments: a JSON string may quote the others.
-        split = split_at_marker(self._buffer, (CALL_END,), final)
-        self._buffer = split.after
-        self._raw += split.before
-        self._arguments += split.before
-        self._emit_arguments(self._trimmer.push(split.before))
-        if split.marker is None:
+        call = self._call
+        assert call is not None
+        found = find_first_marker(self._buffer, ALL_MARKERS)
+        if found is None:
+            hold = 0 if final else held_back_length(self._buffer, ALL_MARKERS)
+            self._absorb(self._buffer[: len(self._buffer) - hold])
+            self._buffer = self._buffer[len(self._buffer) - hold :]
             if final:
-                self._fail(
-                    f"output ended inside the arguments of {self._call_name!r}",
-                    self._raw.text,
-                    self._state_after_call,
-                )
+                if call.validator.complete:  # only <|tool_call_end|> is missing
+                    self._end_call()
+                else:
+                    self._fail_open_call(
+                        f"output ended inside the arguments of {call.header.strip()!r}"
+                    )
             return False
-        self._raw += CALL_END
-        self._end_arguments()
+        position, marker = found
+        self._absorb(self._buffer[:position])
+        inside_string = call.validator.in_string and not call.validator.failed
+        if marker == CALL_END:
+            self._buffer = self._buffer[position + len(marker) :]
+            self._end_call()
+        elif inside_string:
+            # Only a JSON string can hold marker text: it is argument text.
+            self._buffer = self._buffer[position + len(marker) :]
+            self._absorb(marker)
+        elif marker in _NEXT_STRUCTURE:
+            # The call's end marker is missing; the next structure ends the call.
+            self._buffer = self._buffer[position:]
+            self._end_call()
+        else:  # a repeated <|tool_call_argument_begin|>: dropped
+            self._buffer = self._buffer[position + len(marker) :]
         return True
 
-    def _end_arguments(self) -> None:
-        text = self._arguments.text.strip()
-        if not text:  # a call to a tool without parameters
-            self._emit_arguments("{}")
-            text = "{}"
+    def _absorb(self, text: str) -> None:
+        """Argument text in; as much of it streamed as is known to be valid."""
+        call = self._call
+        if not text or call is None:
+            return
+        call.arguments += text
+        trimmed = call.trimmer.push(text)
+        accepted = call.validator.feed(trimmed)
+        if call.name is not None and accepted:
+            self._emit_arguments(trimmed[:accepted])
+            call.sent += accepted
+
+    def _end_call(self) -> None:
+        call = self._call
+        assert call is not None
+        text = call.arguments.text.strip() or "{}"  # no arguments: a tool without parameters
         error = json_object_error(text)
-        if error is None:
-            self._close_call()
-            self._state = self._state_after_call
-        else:
-            message = f"tool call {self._call_name!r} has invalid JSON arguments: {error}"
-            self._fail(message, self._raw.text, self._state_after_call)
-
-    def _skip_malformed(self, final: bool) -> bool:
-        """Pass a malformed call's remaining text through as content, up to its end."""
-        split = split_at_marker(self._buffer, (CALL_END, *_NEXT_STRUCTURE), final)
-        self._emit_content(split.before)
-        if split.marker is None:
-            self._buffer = split.after
-            return False
-        if split.marker == CALL_END:
-            self._emit_content(CALL_END)
-            self._buffer = split.after
-        else:
-            self._buffer = split.marker + split.after
+        if error is not None:
+            self._fail_open_call(
+                f"tool call {call.header.strip()!r} has invalid JSON arguments: {error}"
+            )
+            return
+        if call.name is None:
+            name = self._name_from_arguments(text)
+            if name is None:
+                return  # reported and given back as text
+            self._open_call(name, call_id(name, call.index))
+            call.name = name
+        # Streaming stops at the first character the validator refuses; a complete,
+        # valid text means it refused none, but send whatever is left regardless.
+        self._emit_arguments(text[call.sent :])
+        self._close_call()
+        self._call = None
         self._state = self._state_after_call
-        return True
+
+    def _name_from_arguments(self, text: str) -> str | None:
+        call = self._call
+        assert call is not None
+        header = call.header.strip()
+        names = matching_tools(loads_strict(text), self.tools)
+        if len(names) == 1:
+            return names[0]
+        if not self._tool_names:
+            reason = "the request has no tools to match its arguments against"
+        elif not names:
+            reason = "its arguments fit none of the request's tools"
+        else:
+            reason = f"its arguments fit several tools ({', '.join(names)})"
+        self._fail_open_call(f"tool call header {header!r} names no tool, and {reason}")
+        return None
+
+    def _fail_open_call(self, message: str) -> None:
+        call = self._call
+        assert call is not None
+        self._fail_call(message, call.raw_text())
+        self._call = None
+        self._state = self._state_after_call

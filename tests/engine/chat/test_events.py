@@ -93,11 +93,28 @@ def test_reasoning_then_tool_call_in_every_split():
         assert message.tool_calls == expected.tool_calls, chunks
 
 
-def test_tool_markup_inside_reasoning_is_reasoning():
+def test_a_tool_call_ends_open_reasoning_and_the_late_close_tag_is_dropped():
+    # GLM and Kimi K2.5+ call tools while still thinking; the markers are special
+    # tokens, so a call marker inside <think> is a call, not prose about one.
     text = "<think>maybe <tool_call>f</tool_call>?</think>No call."
-    message = chain().parse_complete(text)
-    assert message.reasoning_content == "maybe <tool_call>f</tool_call>?"
-    assert message.content == "No call." and message.tool_calls == []
+    expected = chain().parse_complete(text)
+    assert expected.reasoning_content == "maybe"
+    assert [c.name for c in expected.tool_calls] == ["f"]
+    assert expected.content == "?No call."
+    for chunks in every_chunking(text):
+        parser = chain()
+        events = [e for chunk in chunks for e in parser.feed(chunk)] + parser.finish()
+        reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+        message = collect_events(e for e in events if not isinstance(e, ReasoningDelta))
+        assert (reasoning, message.content) == ("maybe", "?No call."), chunks
+        assert message.tool_calls == expected.tool_calls, chunks
+
+
+def test_only_the_first_late_close_tag_is_dropped_and_only_after_open_reasoning():
+    text = "<think>a<tool_call>f</tool_call>b</think>c</think>d"
+    assert chain().parse_complete(text).content == "bc</think>d"
+    closed = "<think>a</think>b<tool_call>f</tool_call>c</think>d"
+    assert chain().parse_complete(closed).content == "bc</think>d"
 
 
 def test_either_parser_may_be_absent():

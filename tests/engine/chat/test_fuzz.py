@@ -12,7 +12,13 @@ import random
 
 import pytest
 
-from engine.chat import ReasoningParser, collect_events, parse_reasoning
+from engine.chat import (
+    ChatOutputParser,
+    ReasoningDelta,
+    ReasoningParser,
+    collect_events,
+    parse_reasoning,
+)
 from engine.chat.tool_parsers import TOOL_PARSERS
 from tests.engine.chat.streaming import (
     check_event_shape,
@@ -25,12 +31,11 @@ VALUES = ["1", "x y", '{"a": [1, "<b>"]}', "", "true", 'say "hi"\n']
 
 
 def kimi_call(rng: random.Random, index: int) -> str:
-    value = json.dumps({"k": rng.choice(VALUES)})
-    name = rng.choice(["f", "a.b-c"])
-    return (
-        f"<|tool_call_begin|>functions.{name}:{index}<|tool_call_argument_begin|>"
-        f"{value}<|tool_call_end|>"
-    )
+    value = json.dumps({rng.choice(["k", "v"]): rng.choice(VALUES)})
+    # Headers as Kimi writes them, and as a client's rewritten ids teach it to.
+    header = rng.choice(["functions.f", "functions.a.b-c", "call", ""])
+    header = f"{header}:{index}" if header.startswith("functions") else f"{header}{index}"
+    return f"<|tool_call_begin|>{header}<|tool_call_argument_begin|>{value}<|tool_call_end|>"
 
 
 def glm_call(rng: random.Random, index: int) -> str:
@@ -65,7 +70,8 @@ TOOLS = [
     {
         "type": "function",
         "function": {"name": "f", "parameters": {"properties": {"v": {"type": "integer"}}}},
-    }
+    },
+    {"type": "function", "function": {"name": "g", "parameters": {"properties": {"k": {}}}}},
 ]
 
 
@@ -111,3 +117,34 @@ def test_random_reasoning_text_streams_like_complete():
             reasoning = "".join(e.text for e in events if type(e).__name__ == "ReasoningDelta")
             content = "".join(e.text for e in events if type(e).__name__ == "ContentDelta")
             assert (reasoning or None, content) == (expected.reasoning_content, expected.content)
+
+
+def think_text(rng: random.Random, name: str) -> str:
+    """Calls with thinking around them, opened, closed, or left open by a call."""
+    pieces = ["<think>", "</think>", "plan ", "\n", MESSAGES[name](rng), "answer"]
+    return "".join(rng.choice(pieces) for _ in range(rng.randint(1, 6)))
+
+
+def chained(name: str, starts_in_reasoning: bool, hold: bool) -> ChatOutputParser:
+    tool_parser = TOOL_PARSERS[name](TOOLS, hold_until_complete=hold, make_call_id=counting_ids())
+    return ChatOutputParser(tool_parser, ReasoningParser(starts_in_reasoning))
+
+
+@pytest.mark.parametrize("name", sorted(TOOL_PARSERS))
+def test_random_thinking_with_calls_streams_like_complete(name):
+    rng = random.Random("think-" + name)
+    for _ in range(60):
+        text = think_text(rng, name)
+        starts = rng.random() < 0.3
+        complete = chained(name, starts, hold=False).parse_complete(text)
+        for chunks in [list(text), *random_chunkings(text, count=2, seed=rng.random())]:
+            for hold in (False, True):
+                parser = chained(name, starts, hold)
+                events = [e for c in chunks for e in parser.feed(c)] + parser.finish()
+                check_event_shape([e for e in events if not isinstance(e, ReasoningDelta)])
+                reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+                message = collect_events(e for e in events if not isinstance(e, ReasoningDelta))
+                assert (reasoning or None) == complete.reasoning_content, (text, chunks)
+                assert message.content == complete.content, (text, chunks, hold)
+                assert message.tool_calls == complete.tool_calls, (text, chunks, hold)
+                assert message.errors == complete.errors, (text, chunks, hold)

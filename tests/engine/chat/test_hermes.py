@@ -71,7 +71,13 @@ def test_malformed_call_is_reported_and_kept_as_content(bad, fragment):
 
 
 def test_missing_end_tag_at_end_of_output():
+    # Complete JSON at the end of output is a call: servers often stop at </tool_call>.
     text = 'Sure. <tool_call>\n{"name": "f", "arguments": {"a": 1}}'
+    message = assert_streams_like_complete(make_parser, text)
+    assert call_summary(message) == [("f", {"a": 1})]
+    assert message.content == "Sure. " and message.errors == []
+    # Cut inside the JSON, it is not.
+    text = 'Sure. <tool_call>\n{"name": "f", "arguments": {"a": 1}'
     message = assert_streams_like_complete(make_parser, text)
     assert message.tool_calls == []
     assert message.content == text

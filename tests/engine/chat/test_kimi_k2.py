@@ -85,12 +85,13 @@ def test_arguments_stream_before_the_call_ends():
     assert parser.finish() == []
 
 
-def test_malformed_json_is_reported_and_kept_as_content():
+def test_malformed_json_is_reported_and_kept_as_content_without_markers():
     bad = call("functions.edit:1", '{"path": "a.py", "old": ')
     text = "Fixing." + BEGIN + call("functions.read:0", '{"path": "a.py"}') + bad + END
     message = assert_streams_like_complete(KimiK2ToolParser, text)
     assert call_summary(message) == [("read", {"path": "a.py"})]
-    assert message.content == "Fixing." + bad
+    # The markers are special tokens: never content, even from a broken call.
+    assert message.content == 'Fixing.functions.edit:1{"path": "a.py", "old": '
     assert len(message.errors) == 1 and "invalid JSON" in message.errors[0]
 
     events = run_stream(KimiK2ToolParser(), [text])
@@ -104,38 +105,46 @@ def test_arguments_that_are_not_an_object_are_malformed():
     assert "JSON object" in message.errors[0]
 
 
-def test_missing_end_tag_at_end_of_output():
+def test_missing_end_tag_at_end_of_output_with_complete_json_is_a_call():
     text = "ok" + BEGIN + '<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"a": 1}'
     message = assert_streams_like_complete(KimiK2ToolParser, text)
+    assert call_summary(message) == [("f", {"a": 1})]
+    assert message.content == "ok" and message.errors == []
+
+
+def test_output_ending_inside_the_arguments():
+    text = "ok" + BEGIN + '<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"a": 1'
+    message = assert_streams_like_complete(KimiK2ToolParser, text)
     assert message.tool_calls == []
-    assert message.content == "ok" + text[len("ok" + BEGIN) :]
+    assert message.content == 'okfunctions.f:0{"a": 1'
     assert "ended" in message.errors[0]
 
 
 def test_output_ending_inside_a_header():
     text = BEGIN + "<|tool_call_begin|>functions.f"
     message = assert_streams_like_complete(KimiK2ToolParser, text)
-    assert message.tool_calls == [] and message.content == "<|tool_call_begin|>functions.f"
+    assert message.tool_calls == [] and message.content == "functions.f"
     assert len(message.errors) == 1
 
 
-def test_header_without_arguments_then_a_good_call():
-    text = (
-        BEGIN
-        + "<|tool_call_begin|>functions.f:0<|tool_call_end|>"
-        + call("functions.g:1", "{}")
-        + END
-    )
+def test_header_cut_short_by_the_next_call_then_a_good_call():
+    text = BEGIN + "<|tool_call_begin|>functions.f:0" + call("functions.g:1", "{}") + END
     message = assert_streams_like_complete(KimiK2ToolParser, text)
     assert call_summary(message) == [("g", {})]
-    assert message.content == "<|tool_call_begin|>functions.f:0<|tool_call_end|>"
+    assert message.content == "functions.f:0"
     assert "no arguments" in message.errors[0]
 
 
-def test_header_that_names_no_tool():
+def test_call_without_argument_marker_is_a_call_without_parameters():
+    text = BEGIN + "<|tool_call_begin|>functions.now:0<|tool_call_end|>" + END
+    message = assert_streams_like_complete(KimiK2ToolParser, text)
+    assert call_summary(message) == [("now", {})] and message.errors == []
+
+
+def test_header_that_names_no_tool_and_no_tools_to_match_is_dropped():
     bad = call("functions.not a name:0", '{"a": 1}')
     message = assert_streams_like_complete(KimiK2ToolParser, BEGIN + bad + END)
-    assert message.tool_calls == [] and message.content == bad
+    assert message.tool_calls == [] and message.content == 'functions.not a name:0{"a": 1}'
     assert "names no tool" in message.errors[0]
 
 
@@ -174,7 +183,9 @@ def test_hold_until_complete_never_announces_a_malformed_call():
         assert {e.index for e in deltas} == {0}, "the good call takes index 0"
         assert deltas[0].name == "good"
         assert [e.index for e in events if isinstance(e, ToolCallError)] == [None]
-        assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == bad
+        assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == (
+            "functions.bad:0{oops"
+        )
 
 
 def test_call_without_a_section_is_read_and_text_after_it_is_content():
@@ -183,3 +194,11 @@ def test_call_without_a_section_is_read_and_text_after_it_is_content():
     assert call_summary(message) == [("read", {"p": 1})]
     assert message.content == "Reading. Then more text."
     assert message.errors == []
+
+
+def test_header_of_unicode_digits_is_read_without_crashing():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for header in ("²", "٣", "call_²"):
+        text = BEGIN + call(header, "{}") + END
+        message = assert_streams_like_complete(lambda: KimiK2ToolParser(tools), text)
+        assert call_summary(message) == [("f", {})], header

@@ -44,6 +44,10 @@ CASES = [
     ("<think>repeated open</think>ok", True, "repeated open", "ok"),
     ("all reasoning, never closed", True, "all reasoning, never closed", ""),
     ("</think>direct answer", True, None, "direct answer"),
+    # A leading </think>: the prompt opened reasoning in a way the renderer missed.
+    ("</think>direct answer", False, None, "direct answer"),
+    ("\n</think>\n\nanswer", False, None, "answer"),
+    ("</thin", False, None, "</thin"),
     ("<thi", False, None, "<thi"),
     ("<think>a</thi", False, "a</thi", ""),
     ("<think>a < b </ c</think>", False, "a < b </ c", ""),
@@ -82,3 +86,40 @@ def test_prompt_opens_reasoning():
     assert not prompt_opens_reasoning("<|assistant|><think></think>")
     assert not prompt_opens_reasoning("<|im_start|>assistant\n")
     assert not prompt_opens_reasoning("<think>old</think><|assistant|>")
+
+
+CALL = "<tool_call>"
+CALL_CASES = [
+    # (output, starts_in_reasoning, reasoning_content, content, left open by a call)
+    (
+        "<think>I need to think" + CALL + "f</tool_call>",
+        False,
+        "I need to think",
+        CALL + "f</tool_call>",
+        True,
+    ),
+    ("<think>" + CALL + "f", False, None, CALL + "f", True),
+    ("prompt opened it \n" + CALL + "x", True, "prompt opened it", CALL + "x", True),
+    ("<think>a</think>b" + CALL + "c</think>", False, "a", "b" + CALL + "c</think>", False),
+    ("answer first " + CALL, False, None, "answer first " + CALL, False),
+    ("<think>a <tool_cal", False, "a <tool_cal", "", False),
+]
+
+
+@pytest.mark.parametrize(("text", "starts", "reasoning", "content", "left_open"), CALL_CASES)
+def test_a_tool_call_marker_ends_reasoning(text, starts, reasoning, content, left_open):
+    expected = ReasoningResult(reasoning, content)
+    assert parse_reasoning(text, starts, (CALL,)) == expected
+    for chunks in every_chunking(text):
+        parser = ReasoningParser(starts, (CALL,))
+        events = [e for chunk in chunks for e in parser.feed(chunk)] + parser.finish()
+        got_reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+        got_content = "".join(e.text for e in events if isinstance(e, ContentDelta))
+        assert ReasoningResult(got_reasoning or None, got_content) == expected, chunks
+        assert parser.left_open == left_open, chunks
+
+
+def test_without_markers_tool_markup_in_thinking_is_reasoning():
+    assert parse_reasoning("<think>a" + CALL + "b</think>c") == ReasoningResult(
+        "a" + CALL + "b", "c"
+    )
