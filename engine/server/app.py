@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
+from engine.server.anthropic_messages import anthropic_router
 from engine.server.auth import ApiKeyMiddleware
 from engine.server.chat_completions import create_chat_completion
 from engine.server.completions import create_completion
@@ -32,6 +33,7 @@ from engine.server.errors import (
 )
 from engine.server.metrics import CONTENT_TYPE, HttpMetricsMiddleware, ServerMetrics
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.server.responses import responses_router
 from engine.server.served_model import ServedModel
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,8 @@ def create_app(engine: Any, model: ServedModel, api_key: str | None = None) -> F
     )
     app.state.ctx = ctx
     install_error_handlers(app)
+    app.include_router(anthropic_router(ctx, MAX_BODY_BYTES))
+    app.include_router(responses_router(ctx, _parse_body, _answer))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

@@ -26,6 +26,9 @@ KNOWN_ROUTES = frozenset(
     {
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/responses",
         "/v1/models",
         "/v1/engine/stats",
         "/health",
