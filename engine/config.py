@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,3 +47,21 @@ class EngineConfig(BaseModel):
     deterministic: bool = False
     cpu_kernel: CPUKernelName = "auto"
     device: str | None = None
+
+
+# The settings that decide speed and numerics; `resident serve` (ServeOptions)
+# and `LLM(...)` both start from EngineConfig's defaults for them.
+PERFORMANCE_SETTINGS = ("dtype", "kv_cache_dtype", "kv_rotation", "attention_backend", "cpu_kernel")
+
+
+def default_setting(name: str) -> Any:
+    """EngineConfig's default for `name`: what every entry point uses when not told."""
+    return EngineConfig.model_fields[name].default
+
+
+def engine_settings(**given: Any) -> dict[str, Any]:
+    """EngineConfig arguments from an entry point's options: a None means "not given",
+    so EngineConfig's default applies, the same one for `resident serve` and `LLM`
+    (attention backend `auto`: triton on CUDA, the C kernels on a CPU that runs them,
+    else torch; CPU grid kernels `auto`)."""
+    return {key: value for key, value in given.items() if value is not None}

@@ -289,6 +289,10 @@ class LLMEngine:
         )
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
+        if params.structured is not None:
+            from engine.grammar.backend import request_grammar  # xgrammar only when used
+
+            seq.grammar = request_grammar(self, params)
         self.scheduler.add(seq)
         self._requests[request_id] = seq
         return seq
@@ -372,8 +376,14 @@ class LLMEngine:
         if info is not None:
             seq.logprobs.append(info)
         params = seq.params
-        if token in params.stop_token_ids or (
-            token in self.eos_token_ids and not params.ignore_eos
+        if seq.grammar is not None and seq.grammar.error:
+            seq.error = f"constrained decoding failed: {seq.grammar.error}"
+            self.scheduler.finish(seq, "error")
+            return
+        if (
+            token in params.stop_token_ids
+            or (token in self.eos_token_ids and not params.ignore_eos)
+            or (seq.grammar is not None and seq.grammar.terminated)  # the grammar has ended
         ):
             seq.text += seq.detok.flush()
             seq.stop_reason = token if token in params.stop_token_ids else None

@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from engine.config import EngineConfig
+from engine.chat import ParsedChatMessage
+from engine.config import EngineConfig, engine_settings
 from engine.engine import LLMEngine
 from engine.errors import EngineError, KVCapacityError
 from engine.kv.quant import CALIBRATION_MARGIN
 from engine.kv.scales import scales_document, write_scales_file
 from engine.outputs import RequestOutput
+from engine.rendering import ChatRenderer, RenderedChat
 from engine.sampling_params import SamplingParams
 
 GIB = 1024**3
+
+
+@dataclass
+class ChatOutput(RequestOutput):
+    """A RequestOutput plus the reply read as the server reads it (reasoning, content,
+    tool calls), by the parser the renderer chose for the prompt."""
+
+    message: ParsedChatMessage | None = None
 
 
 class LLM:
@@ -24,26 +37,32 @@ class LLM:
 
     `model` is a model name from `resident models list`, a Hugging Face model
     folder, or a `.gguf` file. `dtype` is auto, bfloat16 or float32;
-    `kv_cache_dtype` auto (the model's dtype), bf16 or fp8_e4m3.
+    `kv_cache_dtype` auto (the model's dtype), bf16 or fp8_e4m3. What is not
+    given is chosen as `resident serve` chooses it (engine.config.engine_settings):
+    the fastest attention backend and CPU kernels this machine runs, so a
+    script and the server measure the same engine. `attention_backend="torch"`
+    asks for the reference implementation.
     """
 
     def __init__(
         self,
         model: str,
-        dtype: str = "auto",
-        kv_cache_dtype: str = "fp8_e4m3",
-        attention_backend: str = "torch",
+        dtype: str | None = None,
+        kv_cache_dtype: str | None = None,
+        attention_backend: str | None = None,
         kv_memory: float | None = None,
         **kwargs,
     ):
         kv_memory_gib = kwargs.pop("kv_memory_gib", kv_memory)
         self.config = EngineConfig(
-            model=str(model),
-            dtype=dtype,
-            kv_cache_dtype=kv_cache_dtype,
-            attention_backend=attention_backend,
-            kv_memory_gib=kv_memory_gib,
-            **kwargs,
+            **engine_settings(
+                model=str(model),
+                dtype=dtype,
+                kv_cache_dtype=kv_cache_dtype,
+                attention_backend=attention_backend,
+                kv_memory_gib=kv_memory_gib,
+                **kwargs,
+            )
         )
         self.engine = LLMEngine(self.config)
 
@@ -104,19 +123,54 @@ class LLM:
                 raise RuntimeError("engine stopped with requests unfinished")
         return [final[r] for r in request_ids]
 
+    @cached_property
+    def chat_renderer(self) -> ChatRenderer:
+        """The model's chat renderer: the one the server and the agent's local client use."""
+        return ChatRenderer.for_model_dir(self.tokenizer, self.engine.model_dir)
+
+    def render_chat(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **template_kwargs: Any,
+    ) -> RenderedChat:
+        """The prompt `chat` would send (text, token ids) and how its answer is read.
+        Keyword arguments reach the template (e.g. `enable_thinking=False`)."""
+        return self.chat_renderer.render(
+            messages,
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            template_kwargs=template_kwargs,
+        )
+
     def chat(
         self,
         messages: list[dict],
         sampling_params: SamplingParams | None = None,
         tools: list[dict] | None = None,
-        **template_kwargs,
-    ) -> RequestOutput:
-        """Render one conversation with the model's chat template and generate a reply."""
-        text = self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False, **template_kwargs
+        *,
+        continue_final_message: bool = False,
+        **template_kwargs: Any,
+    ) -> ChatOutput:
+        """Render one conversation as the server would, generate a reply, and read it.
+
+        The prompt and the parser are the server's for the same messages and
+        tools (`render_chat`); `.message` holds the reply's content, reasoning
+        and tool calls. Special tokens are kept in the text exactly when the
+        parser needs them (Kimi's call markers), whatever `sampling_params` says.
+        """
+        prompt = self.render_chat(
+            messages, tools, continue_final_message=continue_final_message, **template_kwargs
         )
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        return self.generate([ids], sampling_params)[0]
+        params = replace(
+            sampling_params or SamplingParams(), skip_special_tokens=prompt.skip_special_tokens
+        )
+        output = self.generate([prompt.token_ids], params)[0]
+        return _chat_output(output, prompt.parse(output.outputs[0].text))
 
     def prompt_logits(
         self,
@@ -227,3 +281,8 @@ class LLM:
             "kv_rotation": self.engine.kv_rotation,
             "max_context_tokens": self.engine.max_model_len,
         }
+
+
+def _chat_output(output: RequestOutput, message: ParsedChatMessage) -> ChatOutput:
+    values: Mapping[str, Any] = {f.name: getattr(output, f.name) for f in fields(output)}
+    return ChatOutput(**values, message=message)

@@ -63,8 +63,18 @@ class Sampler:
     def sample(
         self, logits: torch.Tensor, seqs: list[Sequence]
     ) -> list[tuple[int, TokenLogprob | None]]:
-        """One token per row; a seeded request draws from its own generator."""
-        logits = logits.float().cpu()
+        """One token per row; a seeded request draws from its own generator.
+
+        Rows of constrained requests are masked first, where the logits are
+        (engine.grammar.masks), and each sampled token advances its grammar.
+        """
+        logits = logits.float()
+        unmasked: dict[int, torch.Tensor] = {}
+        if any(seq.grammar is not None for seq in seqs):
+            from engine.grammar.masks import apply_grammar_masks  # xgrammar only when used
+
+            unmasked = apply_grammar_masks(logits, seqs)
+        logits = logits.cpu()
         # One argmax over the batch: per-row calls cost as much as a layer at batch 16.
         greedy = any(seq.params.greedy for seq in seqs)
         argmax = row_argmax(logits).tolist() if greedy else []
@@ -78,9 +88,13 @@ class Sampler:
                 probs = filter_logits(adjusted, params).softmax(-1)
                 generator = seq.generator or self.generator
                 token = int(torch.multinomial(probs, 1, generator=generator))
+            if seq.grammar is not None:
+                seq.grammar.accept(token)
             info = None
             if params.logprobs is not None:
-                # Logprobs of the model's own distribution, as OpenAI and vLLM report them.
-                info = token_logprob(torch.log_softmax(row, -1), token, params.logprobs)
+                # Logprobs of the model's own distribution (before any grammar mask),
+                # as OpenAI and vLLM report them.
+                own = unmasked[index].cpu() if index in unmasked else row
+                info = token_logprob(torch.log_softmax(own, -1), token, params.logprobs)
             results.append((token, info))
         return results

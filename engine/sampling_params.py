@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.errors import EngineError
+from engine.grammar.spec import StructuredOutput
 
 
 @dataclass
@@ -25,6 +26,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     skip_special_tokens: bool = True
+    # Constrained decoding: the output follows this JSON schema, regex or tool-call
+    # format (engine.grammar); it ends when the grammar does.
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -44,6 +48,10 @@ class SamplingParams:
             (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
             (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+            (
+                self.structured is None or isinstance(self.structured, StructuredOutput),
+                "structured must be an engine.grammar.StructuredOutput",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -49,6 +50,7 @@ class Sequence:
     collect_logits: bool = False  # keep every prompt position's logits (scoring)
     collected_logits: list[torch.Tensor] = field(default_factory=list)
     detok: object | None = None  # IncrementalDetokenizer
+    grammar: Any = None  # engine.grammar.matcher.RequestGrammar when params.structured is set
     text: str = ""
     emitted_text_len: int = 0
     emitted_token_len: int = 0

@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import typer
 
 from agent.cli.common import MODEL_HELP, fail
 
 bench_app = typer.Typer(help="Measurements that print JSON.", no_args_is_help=True)
+
+
+@contextmanager
+def _usage_errors() -> Iterator[None]:
+    """A model that cannot load (a bad path, too small a KV budget) or an option out of
+    range is a message and exit code 2, as for every other command, not a traceback."""
+    from engine.errors import EngineError
+
+    try:
+        yield
+    except (EngineError, ValueError) as err:
+        fail(str(err), code=2)
 
 
 @bench_app.command("throughput")
@@ -20,12 +34,14 @@ def bench_throughput(
     skip_transformers: bool = typer.Option(False, help="Measure the engine only."),
     prefill_tokens: int = typer.Option(4096, min=1, help="Tokens of the cold prefill run."),
     repeats: int = typer.Option(3, min=1, help="Timed runs per figure; the best counts."),
+    attention_backend: str = typer.Option(
+        None, help="Force a backend (torch, cpu, triton); default: what `resident serve` picks."
+    ),
 ) -> None:
     """Decode tokens/s: engine (BF16 and FP8 KV) against transformers' generate."""
     from engine.benchmarks.throughput import format_table, run_throughput
-    from engine.errors import EngineError
 
-    try:
+    with _usage_errors():
         result = run_throughput(
             model,
             max_tokens,
@@ -33,9 +49,8 @@ def bench_throughput(
             with_transformers=not skip_transformers,
             prefill_tokens=prefill_tokens,
             repeats=repeats,
+            attention_backend=attention_backend,
         )
-    except (EngineError, ValueError) as err:
-        fail(str(err), code=2)
     typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))
 
 
@@ -68,7 +83,7 @@ def bench_accuracy(
         except ValueError:
             fail(f"{flag} takes comma-separated integers", code=2)
 
-    try:
+    with _usage_errors():
         result = run_accuracy(
             model,
             variants=tuple(v.strip() for v in variants.split(",") if v.strip()),
@@ -79,8 +94,6 @@ def bench_accuracy(
             calibration=calibration,
             calibration_tokens=calibration_tokens,
         )
-    except ValueError as err:
-        fail(str(err), code=2)
     typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))
 
 
@@ -94,7 +107,8 @@ def bench_prefix(
     """Time to first token with a cached shared prefix against a cold one, over HTTP."""
     from engine.benchmarks.serving import run_prefix
 
-    result = run_prefix(model, prefix_tokens, kv_cache_dtype)
+    with _usage_errors():
+        result = run_prefix(model, prefix_tokens, kv_cache_dtype)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return

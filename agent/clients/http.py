@@ -99,6 +99,7 @@ class HTTPClient(LLMClient):
             transport=transport,
         )
         self._window: int | None = None
+        self._listing: list[dict[str, Any]] | None = None
 
     def describe(self) -> str:
         return f"{self.model} at {self.url}"
@@ -161,13 +162,20 @@ class HTTPClient(LLMClient):
 
     # -- the interface ---------------------------------------------------------------
 
+    async def _models(self) -> list[dict[str, Any]]:
+        """The entries of GET /v1/models (asked once: the model and its length come from it)."""
+        if self._listing is None:
+            listing = await self._get_json("/models")
+            models = listing.get("data") if isinstance(listing, dict) else None
+            self._listing = [m for m in models or [] if isinstance(m, dict)]
+        return self._listing
+
     async def resolve_model(self) -> str:
         """The model to ask for: the configured one, else the first the server lists."""
         if self.model:
             return self.model
-        listing = await self._get_json("/models")
-        models = listing.get("data") if isinstance(listing, dict) else None
-        if not models or not isinstance(models[0], dict) or not models[0].get("id"):
+        models = await self._models()
+        if not models or not models[0].get("id"):
             raise ConfigurationError(f"{self.url} lists no models; name one with --model")
         self.model = str(models[0]["id"])
         return self.model
@@ -179,16 +187,24 @@ class HTTPClient(LLMClient):
         windows = [w for w in (published, self.configured_window) if w]
         if not windows:
             raise ConfigurationError(
-                f"{self.url} does not publish /v1/engine/stats, so the context window is "
-                "unknown; pass it with --context-window N (tokens per request)"
+                f"{self.url} publishes neither /v1/engine/stats nor max_model_len in /v1/models, "
+                "so the context window is unknown; pass it with --context-window N "
+                "(tokens per request)"
             )
         # The configured value may narrow what the server offers, never widen it.
         self._window = min(windows)
         return self._window
 
     async def _published_window(self) -> int | None:
+        """What the server says one request may hold: `resident serve`'s stats, else the
+        `max_model_len` vLLM and SGLang list for each model in /v1/models."""
+        stats_window = await self._stats_window()
+        return stats_window if stats_window is not None else await self._listed_window()
+
+    async def _stats_window(self) -> int | None:
         response = await self._send("GET", "/engine/stats", stream=False)
         if response.status_code in (404, 405, 501):
+            await response.aclose()
             return None
         await self._check(response)
         try:
@@ -199,6 +215,19 @@ class HTTPClient(LLMClient):
         except (ValueError, TypeError, AttributeError):
             return None
         return min(sizes) if sizes else None
+
+    async def _listed_window(self) -> int | None:
+        try:
+            models = await self._models()
+        except (RequestRejected, BadResponseError):
+            return None  # no usable listing: the flag must say it
+        # The entry of the model we ask for; a server with one model lists it first.
+        named = [m for m in models if self.model and m.get("id") == self.model]
+        for entry in named or models[:1]:
+            value = entry.get("max_model_len")
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamItem]:
         await self.resolve_model()

@@ -29,9 +29,10 @@ from agent.clients.base import (
     ToolCallProblem,
     TransientError,
 )
-from agent.clients.local_rendering import PromptRenderer, RenderedPrompt, read_model_type
+from agent.clients.structured import tool_call_constraint
 from engine.chat import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallEnd, ToolCallError
 from engine.errors import EngineError, EngineOverloadedError, PromptTooLongError
+from engine.rendering import ChatRenderer, ChatRenderError, RenderedChat
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,8 @@ class LocalClient(LLMClient):
         self.cache_salt = cache_salt
         self.owns_engine = owns_engine
         model_dir = getattr(getattr(engine, "engine", None), "model_dir", None)
-        model_type = read_model_type(model_dir) if model_dir else None
-        self.renderer = PromptRenderer(engine.tokenizer, model_type)
+        # The engine's renderer, as the server and LLM.chat use it: same prompt, same parser.
+        self.renderer = ChatRenderer.for_model_dir(engine.tokenizer, model_dir)
         self._ids = itertools.count()
         self._session = secrets.token_hex(4)
         self._pinned_ids: list[int] = []
@@ -82,9 +83,9 @@ class LocalClient(LLMClient):
             raise EngineFailure(str(err)) from err
         try:
             return cls(engine, model, owns_engine=True)
-        except ValueError as err:
+        except ChatRenderError as err:  # no chat template: it cannot run the agent
             engine.shutdown()
-            raise EngineFailure(f"{model}: {err}") from err
+            raise EngineFailure(f"{model}: {err}, so it cannot run the agent") from err
 
     def describe(self) -> str:
         return f"{self.model} (local engine)"
@@ -108,8 +109,8 @@ class LocalClient(LLMClient):
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamItem]:
         try:
             prompt = self.renderer.render(request.messages, request.tools)
-        except Exception as err:  # a template that cannot render these messages
-            raise EngineFailure(f"the chat template could not render the request: {err}") from err
+        except ChatRenderError as err:
+            raise EngineFailure(str(err)) from err
         window = await self.context_window()
         room = window - len(prompt.token_ids)
         if room < 1:
@@ -120,6 +121,7 @@ class LocalClient(LLMClient):
             max_tokens=min(room, request.max_tokens or room),
             temperature=0.0 if request.temperature is None else request.temperature,
             skip_special_tokens=prompt.skip_special_tokens,
+            structured=tool_call_constraint(prompt),  # a call the model opens must end valid
         )
         async for item in self._generate(prompt, params):
             yield item
@@ -127,9 +129,10 @@ class LocalClient(LLMClient):
             await self._pin(request, prompt)
 
     async def _generate(
-        self, prompt: RenderedPrompt, params: SamplingParams
+        self, prompt: RenderedChat, params: SamplingParams
     ) -> AsyncIterator[StreamItem]:
-        parser = prompt.output_parser()
+        # Calls are held until complete, so a malformed one is never half-announced.
+        parser = prompt.output_parser(streaming=True)
         pending: dict[int, list[Any]] = {}  # index -> [id, name, argument pieces]
         request_id = f"agent-{self._session}-{next(self._ids)}"
         last = None
@@ -167,8 +170,8 @@ class LocalClient(LLMClient):
             ),
         )
 
-    async def _pin(self, request: ChatRequest, prompt: RenderedPrompt) -> None:
-        prefix_text, _ = self.renderer.render_text(
+    async def _pin(self, request: ChatRequest, prompt: RenderedChat) -> None:
+        prefix_text = self.renderer.render_text(
             request.messages[: request.pinned_messages], request.tools, add_generation_prompt=False
         )
         prefix = self.renderer.encode(prefix_text)

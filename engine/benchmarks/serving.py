@@ -46,9 +46,11 @@ def local_server(model: str, **config):
 
     engine = AsyncEngine.open(EngineConfig(model=model, **config))
     try:
-        app = create_app(engine, ServedModel.from_engine(engine, model))
+        served = ServedModel.from_engine(engine, model)
+        app = create_app(engine, served)
         with BackgroundServer(app) as server:
             server.engine = engine
+            server.model_id = served.id  # what requests name: the model given, not the default
             yield server
     finally:
         engine.shutdown()
@@ -69,9 +71,9 @@ def source_text(tokenizer, num_tokens: int) -> str:
     return text
 
 
-def _chat(system: str, question: str, max_tokens: int, salt: str) -> dict:
+def _chat(model: str, system: str, question: str, max_tokens: int, salt: str) -> dict:
     return {
-        "model": DEFAULT_MODEL,
+        "model": model,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
         "max_tokens": max_tokens,
         "temperature": 0,
@@ -90,14 +92,15 @@ def run_prefix(
     """
     with local_server(model, kv_cache_dtype=kv_cache_dtype) as server:
         system = source_text(server.engine.tokenizer, prefix_tokens)
+        name = server.model_id
 
         async def measure() -> dict:
             async with httpx.AsyncClient(base_url=server.url, timeout=1800) as client:
                 # Warm-up on a short prompt: one-time costs are not a cold prefix's fault.
-                await stream_chat(client, _chat("Hi.", "Hello?", 2, "warmup"))
-                fill = await stream_chat(client, _chat(system, "Summarise decoder.", 4, "A"))
-                warm = await stream_chat(client, _chat(system, "What does dumps do?", 4, "A"))
-                cold = await stream_chat(client, _chat(system, "What does dumps do?", 4, "B"))
+                await stream_chat(client, _chat(name, "Hi.", "Hello?", 2, "warmup"))
+                fill = await stream_chat(client, _chat(name, system, "Summarise decoder.", 4, "A"))
+                warm = await stream_chat(client, _chat(name, system, "What does dumps do?", 4, "A"))
+                cold = await stream_chat(client, _chat(name, system, "What does dumps do?", 4, "B"))
                 return {"fill": fill, "warm": warm, "cold": cold}
 
         runs = asyncio.run(measure())
@@ -156,7 +159,7 @@ def run_concurrency(
 
         def body(question: str) -> dict:
             return {
-                "model": DEFAULT_MODEL,
+                "model": server.model_id,
                 "messages": [{"role": "user", "content": question}],
                 "max_tokens": max_tokens,
                 "temperature": 0,
@@ -192,13 +195,11 @@ def run_concurrency(
         "machine": machine(),
     }
     if with_transformers:
-        prompts = [
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
-            )
-            for q in questions
-        ]
-        ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        from engine.rendering import ChatRenderer
+
+        # The prompts the server rendered for these chats, through the same renderer.
+        renderer = ChatRenderer(tokenizer)
+        ids = [renderer.render([{"role": "user", "content": q}]).token_ids for q in questions]
         base = _transformers_one_by_one(model_dir, ids, max_tokens)
         result["transformers_one_by_one"] = base
         result["server_speedup"] = round(result["server"]["tok_s"] / base["tok_s"], 2)

@@ -32,10 +32,9 @@ PROMPTS = [
 
 
 def _chat_ids(tokenizer, text: str) -> list[int]:
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-    )
-    return tokenizer.encode(rendered, add_special_tokens=False)
+    from engine.rendering import ChatRenderer
+
+    return ChatRenderer(tokenizer).render([{"role": "user", "content": text}]).token_ids
 
 
 def _long_prompt(prompts: list[list[int]], length: int) -> list[int]:
@@ -73,12 +72,19 @@ def _engine_run(
     max_tokens: int,
     long_prompt: list[int],
     repeats: int,
+    attention_backend: str | None = None,
 ) -> dict:
     from engine import LLM, SamplingParams
     from engine.calibration import calibrate_without_fixed_scales
 
-    # The backend `resident serve` and the agent run with (auto), not LLM's reference default.
-    llm = LLM(model, kv_cache_dtype=kv, attention_backend="auto", enable_prefix_caching=False)
+    # LLM's defaults are `resident serve`'s (engine.config.engine_settings), so this
+    # measures the engine the server and the agent run; a backend given forces one.
+    llm = LLM(
+        model,
+        kv_cache_dtype=kv,
+        attention_backend=attention_backend,
+        enable_prefix_caching=False,
+    )
     # FP8 scales as `resident serve` sets them, not from the short warm-up prompt.
     calibrate_without_fixed_scales(llm.engine)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -142,6 +148,7 @@ def run_throughput(
     with_transformers: bool = True,
     prefill_tokens: int = 4096,
     repeats: int = 3,
+    attention_backend: str | None = None,
 ) -> dict:
     from engine.model_config import load_config
     from engine.model_store import resolve_model
@@ -177,7 +184,9 @@ def run_throughput(
     }
     runs = result["runs"]
     for kv in ("bf16", "fp8_e4m3"):
-        runs[f"engine_{kv}"] = _engine_run(model_dir, kv, prompts, max_tokens, long_prompt, repeats)
+        runs[f"engine_{kv}"] = _engine_run(
+            model_dir, kv, prompts, max_tokens, long_prompt, repeats, attention_backend
+        )
     if with_transformers:
         runs["transformers_bf16"] = _transformers_run(
             model_dir, prompts, max_tokens, torch.bfloat16, long_prompt, repeats

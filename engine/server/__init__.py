@@ -3,9 +3,11 @@
     from engine.server import create_app, ServedModel
     app = create_app(async_engine, ServedModel.from_engine(async_engine, "my-model"), api_key=None)
 
-Module map: protocol (request models), app (routes), chat_rendering and
-tool_prompt (messages to prompt), chat_completions and completions (the two
-generation routes), generation (engine requests per API request, disconnects),
+Module map: protocol (request models), app (routes), chat_rendering (an
+OpenAI request onto engine.rendering, the one chat renderer),
+chat_completions and completions (the two generation routes),
+anthropic_* (/v1/messages) and responses* (/v1/responses), translated into
+the chat pipeline, generation (engine requests per API request, disconnects),
 streaming (SSE), logprobs, sampling (SamplingParams and the context check),
 errors, auth, metrics, served_model, context, launch (the CLI command),
 background (a server in a thread, for tests and benchmarks).

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine.chat import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallError
+from engine.chat import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallEnd, ToolCallError
 from engine.outputs import RequestOutput
 from engine.server.chat_rendering import ChatPrompt, render_chat
 from engine.server.context import ServerContext, new_request_id
@@ -102,11 +102,15 @@ class ChoiceStream:
         if isinstance(event, ToolCallDelta):
             if event.index > 0 and not self.parallel_tool_calls:
                 return None
-            self.made_tool_calls = True
             return {"tool_calls": [event.to_openai()]}
+        if isinstance(event, ToolCallEnd):
+            # Counted when complete: a call voided after its first delta is no call.
+            if event.index == 0 or self.parallel_tool_calls:
+                self.made_tool_calls = True
+            return None
         if isinstance(event, ToolCallError):
             log.info("malformed tool call passed on as text: %s", event.message)
-        return None  # ToolCallEnd: OpenAI streams have no such chunk
+        return None
 
     def _choice(self, delta: dict, logprobs: dict | None, reason: str | None) -> dict:
         return {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
@@ -144,6 +148,7 @@ async def create_chat_completion(
                 logprobs,
                 skip_special_tokens=prompt.skip_special_tokens,
                 choice_index=index,
+                prompt=prompt,
             ),
         )
         for index in range(request.n)

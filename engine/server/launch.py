@@ -13,6 +13,8 @@ import os
 import socket
 from dataclasses import dataclass
 
+from engine.config import default_setting, engine_settings
+
 log = logging.getLogger("resident.serve")
 
 API_KEY_ENV = "RESIDENT_API_KEY"
@@ -32,9 +34,10 @@ class ServeOptions:
     model: str
     host: str = "127.0.0.1"
     port: int = 8000
-    dtype: str = "auto"
-    kv_cache_dtype: str = "fp8_e4m3"
-    kv_rotation: str = "auto"  # hadamard for fp8_e4m3 unless fixed scales are unrotated
+    # The engine's defaults, which `LLM(...)` uses too (engine.config.engine_settings).
+    dtype: str = default_setting("dtype")
+    kv_cache_dtype: str = default_setting("kv_cache_dtype")
+    kv_rotation: str = default_setting("kv_rotation")  # hadamard for fp8 unless scales say no
     kv_scales_file: str | None = None
     kv_scales_per_head: bool = False
     api_key: str | None = None
@@ -44,8 +47,9 @@ class ServeOptions:
     deterministic: bool = False
     max_model_len: int | None = None
     log_level: str = "info"
-    attention_backend: str = "auto"  # auto: triton on CUDA, else cpu kernels, else torch
-    cpu_kernel: str = "auto"  # grid-weight products on CPU: int8 or bf16 activations
+    # auto: triton on CUDA, else the C kernels on CPU, else torch.
+    attention_backend: str = default_setting("attention_backend")
+    cpu_kernel: str = default_setting("cpu_kernel")  # grid-weight products: int8 or bf16
 
 
 def is_loopback(host: str) -> bool:
@@ -110,22 +114,21 @@ def build_engine(options: ServeOptions):
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
 
-    settings = {
-        "model": options.model,
-        "dtype": options.dtype,
-        "kv_cache_dtype": options.kv_cache_dtype,
-        "kv_memory_gib": options.kv_memory_gib,
-        "deterministic": options.deterministic,
-        "max_model_len": options.max_model_len,
-        "max_waiting": options.max_waiting,
-        "kv_rotation": options.kv_rotation,
-        "kv_scales_file": options.kv_scales_file,
-        "kv_scales_per_head": options.kv_scales_per_head,
-        "attention_backend": options.attention_backend,
-        "cpu_kernel": options.cpu_kernel,
-    }
-    if options.max_num_seqs is not None:
-        settings["max_num_seqs"] = options.max_num_seqs
+    settings = engine_settings(
+        model=options.model,
+        dtype=options.dtype,
+        kv_cache_dtype=options.kv_cache_dtype,
+        kv_memory_gib=options.kv_memory_gib,
+        deterministic=options.deterministic,
+        max_model_len=options.max_model_len,
+        max_waiting=options.max_waiting,
+        kv_rotation=options.kv_rotation,
+        kv_scales_file=options.kv_scales_file,
+        kv_scales_per_head=options.kv_scales_per_head,
+        attention_backend=options.attention_backend,
+        cpu_kernel=options.cpu_kernel,
+        max_num_seqs=options.max_num_seqs,
+    )
     return AsyncEngine.open(EngineConfig(**settings))
 
 

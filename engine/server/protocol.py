@@ -49,6 +49,37 @@ class NamedToolChoice(_Lenient):
     function: NamedFunction
 
 
+class JsonSchemaFormat(_Lenient):
+    """`response_format.json_schema`: the schema the answer must validate against."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    # `schema` would shadow BaseModel.schema; the JSON field keeps its OpenAI name.
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Lenient):
+    """`text` (no constraint), `json_object` (any JSON object) or `json_schema`.
+
+    Both JSON types are enforced by constrained decoding (engine.grammar), with
+    or without `strict`: a schema is never merely a hint here.
+    """
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and (
+            self.json_schema is None or self.json_schema.schema_ is None
+        ):
+            raise ValueError("json_schema.schema is required when type is json_schema")
+        return self
+
+
 class ChatMessage(BaseModel):
     # Extra keys (e.g. `reasoning_content`, `name`) are passed on to the chat template.
     model_config = ConfigDict(extra="allow")
@@ -100,7 +131,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     # Extensions for agents: render the template's own options (e.g. enable_thinking),
     # or continue the last assistant message instead of starting a new one.
     chat_template_kwargs: dict[str, Any] | None = None
@@ -110,8 +141,6 @@ class ChatCompletionRequest(SamplingFields):
     def _check_chat(self):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ValueError("response_format other than text is not supported by this server")
         if self.continue_final_message and self.messages[-1].role != "assistant":
             raise ValueError("continue_final_message needs an assistant message last")
         return self

@@ -7,11 +7,18 @@ from deep inside the engine.
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from engine.errors import EngineError
+from engine.grammar import GrammarError, StructuredOutput, ToolCallConstraint
+from engine.grammar.spec import reasoning_mode, tool_schemas
 from engine.sampling_params import SamplingParams
 from engine.server.errors import bad_request
-from engine.server.protocol import SamplingFields
+from engine.server.protocol import ChatCompletionRequest, NamedToolChoice, SamplingFields
 from engine.server.served_model import ServedModel
+
+log = logging.getLogger(__name__)
 
 
 def _limit(model: ServedModel) -> tuple[int, str]:
@@ -43,6 +50,64 @@ def output_budget(prompt_tokens: int, requested: int | None, model: ServedModel)
     return requested
 
 
+def structured_output(request: SamplingFields, prompt: Any) -> StructuredOutput | None:
+    """The constraint a chat request asks for, in the tool-call format `prompt` is read with.
+
+    - `tool_choice` "required": one or more calls to the offered tools (one when
+      `parallel_tool_calls` is false); a named function: exactly one call to it.
+    - `response_format` json_object / json_schema: that JSON answer; when tools
+      are offered (`tool_choice` auto), the model may call them instead.
+    - Otherwise nothing: `auto` stays free text (the parser reads what comes).
+
+    `prompt` is the rendered chat (engine.rendering.RenderedChat): its parser
+    names the format, its reasoning flags what may come before the answer.
+    """
+    if not isinstance(request, ChatCompletionRequest) or prompt is None:
+        return None
+    choice = request.tool_choice
+    named = isinstance(choice, NamedToolChoice)
+    parser, tools = prompt.tool_parser, list(prompt.tools or [])
+    if (named or choice == "required") and not parser:
+        log.warning("tool_choice %r left unconstrained: no tool-call format for this model", choice)
+    calls = None
+    if parser and tools:
+        calls = ToolCallConstraint(
+            parser,
+            tool_schemas(tools),
+            required=True,
+            parallel=request.parallel_tool_calls and not named,
+        )
+    reasoning = reasoning_mode(prompt.reasoning, prompt.starts_in_reasoning)
+    if calls is not None and (named or choice == "required"):
+        return StructuredOutput(tool_calls=calls, reasoning=reasoning, source="tools")
+    answer = request.response_format
+    if answer is None or answer.type == "text":
+        return None
+    if answer.type == "json_object":
+        body: dict[str, Any] = {"json_object": True}
+    else:
+        body = {"json_schema": answer.json_schema.schema_}
+    return StructuredOutput(
+        **body,
+        tool_calls=calls,
+        reasoning=reasoning,
+        source="response_format.json_schema.schema" if "json_schema" in body else "response_format",
+    )
+
+
+def checked_structured_output(request: SamplingFields, prompt: Any) -> StructuredOutput | None:
+    """structured_output, with a schema that cannot be enforced a 400 naming where it is."""
+    try:
+        spec = structured_output(request, prompt)
+        if spec is not None:
+            from engine.grammar.builder import validate  # xgrammar only when used
+
+            validate(spec)
+        return spec
+    except GrammarError as error:
+        raise bad_request(str(error), param=error.param) from error
+
+
 def sampling_params(
     request: SamplingFields,
     max_tokens: int,
@@ -50,9 +115,15 @@ def sampling_params(
     prompt_logprobs: int | None = None,
     skip_special_tokens: bool = True,
     choice_index: int = 0,
+    prompt: Any = None,
 ) -> SamplingParams:
-    """SamplingParams for one choice; choice i of n samples with seed + i, so choices differ."""
+    """SamplingParams for one choice; choice i of n samples with seed + i, so choices differ.
+
+    `prompt` (a chat's rendered prompt) lets `tool_choice` and `response_format`
+    constrain the output (structured_output).
+    """
     seed = None if request.seed is None else request.seed + choice_index
+    structured = checked_structured_output(request, prompt)
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -71,6 +142,7 @@ def sampling_params(
             frequency_penalty=request.frequency_penalty,
             repetition_penalty=request.repetition_penalty,
             skip_special_tokens=skip_special_tokens,
+            structured=structured,
         )
     except EngineError as error:
         raise bad_request(str(error)) from error

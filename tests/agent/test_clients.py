@@ -23,6 +23,8 @@ from agent.clients import (
 )
 from agent.clients.http import api_root
 from agent.clients.sse import ChatStreamDecoder
+from tests.agent.helpers import attached, run_cli
+from tests.agent.scripted_server import Reply, ScriptedServer
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.0)
 
@@ -171,6 +173,80 @@ def test_model_and_window_come_from_the_server():
 
     # The server's capacity bounds it; the flag may narrow, never widen.
     assert asyncio.run(scenario()) == ("served", 5000)
+
+
+# GET /v1/models as vLLM answers it (SGLang's entries carry the same max_model_len).
+VLLM_MODELS = {
+    "object": "list",
+    "data": [
+        {
+            "id": "Qwen/Qwen2.5-7B-Instruct",
+            "object": "model",
+            "created": 1760000000,
+            "owned_by": "vllm",
+            "root": "Qwen/Qwen2.5-7B-Instruct",
+            "parent": None,
+            "max_model_len": 32768,
+            "permission": [{"id": "modelperm-1", "object": "model_permission"}],
+        },
+        {
+            "id": "sql-lora",
+            "object": "model",
+            "created": 1760000000,
+            "owned_by": "vllm",
+            "root": "/adapters/sql-lora",
+            "parent": "Qwen/Qwen2.5-7B-Instruct",
+            "max_model_len": 16384,
+        },
+    ],
+}
+
+
+def vllm_handler(paths: list[str]):
+    def handler(request):
+        paths.append(request.url.path)
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json=VLLM_MODELS)
+        return httpx.Response(404, json={"detail": "Not Found"})  # no /v1/engine/stats
+
+    return handler
+
+
+def test_window_from_max_model_len_when_the_server_has_no_stats():
+    async def scenario(**kwargs):
+        paths: list[str] = []
+        client = mock_client(vllm_handler(paths), **kwargs)
+        model = await client.resolve_model()
+        return model, await client.context_window(), paths
+
+    model, window, paths = asyncio.run(scenario())
+    assert (model, window) == ("Qwen/Qwen2.5-7B-Instruct", 32768)
+    assert paths.count("/v1/models") == 1  # the listing is asked for once
+    # The entry of the model asked for counts; the flag may narrow it, never widen it.
+    assert asyncio.run(scenario(model="sql-lora"))[1] == 16384
+    assert asyncio.run(scenario(context_window=4096))[1] == 4096
+    assert asyncio.run(scenario(context_window=100_000))[1] == 32768
+
+
+def test_headless_run_attached_to_a_vllm_shaped_server_needs_no_window_flag(repo):
+    class VLLMShapedServer(ScriptedServer):
+        def _handler(self):
+            class Handler(super()._handler()):
+                def do_GET(self):
+                    if self.path == "/v1/models":
+                        self._json(200, VLLM_MODELS)
+                    else:
+                        super().do_GET()  # /v1/engine/stats: 404, as vLLM
+
+            return Handler
+
+    with VLLMShapedServer([Reply("Hello from vLLM.")], publish_stats=False) as server:
+        result = run_cli("hi", *attached(server.url))
+        body = server.requests[0]
+    assert result.exit_code == 0, result.stderr
+    assert result.of_type("session_started")[0]["context_window"] == 32768
+    assert "Hello from vLLM." in result.final["final_message"]
+    assert body["model"] == "Qwen/Qwen2.5-7B-Instruct"
 
 
 def test_unknown_window_names_the_flag():

@@ -48,10 +48,12 @@ def client_for(server, api_key: str | None = API_KEY, **kwargs) -> openai.OpenAI
 
 
 def _engine_server(model: str, api_key: str | None, **config):
+    """The engine as `resident serve` builds it (AsyncEngine.open: an FP8 cache without
+    fixed scales is calibrated on the built-in sample before the first request)."""
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
 
-    engine = AsyncEngine(EngineConfig(model=str(model), **config))
+    engine = AsyncEngine.open(EngineConfig(model=str(model), **config))
     app = create_app(engine, ServedModel.from_engine(engine, str(model)), api_key=api_key)
     server = BackgroundServer(app)
     server.engine = engine

@@ -43,6 +43,9 @@ def test_good_requests_work(tiny_server):
     assert reply.choices[0].finish_reason in ("stop", "length")
     completion = client.completions.create(model="tiny-llama", prompt=[5, 6, 7], max_tokens=3)
     assert completion.usage.prompt_tokens == 3
+    # Serve's start-up calibration ran (AsyncEngine.open), so no request set the FP8 scales.
+    stats = httpx.get(tiny_server.url + "/v1/engine/stats", headers=AUTH, timeout=60).json()
+    assert stats["kv_scales"]["source"] == "sample"
 
 
 def test_missing_or_wrong_api_key_is_401(tiny_server):

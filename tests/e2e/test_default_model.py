@@ -186,6 +186,8 @@ def test_models_stats_and_metrics(default_server):
         assert key in current
     assert current["max_context_tokens"] == 8192
     assert len(current["kv_scales"]["k"]) == len(current["kv_scales"]["v"]) == 30
+    if expected_dtype == "fp8_e4m3":  # set at start-up as serve sets them, not by a request
+        assert current["kv_scales"]["source"] == "sample"
     metrics = httpx.get(default_server.url + "/metrics", timeout=60).text
     for name in (
         "resident_http_requests_total",

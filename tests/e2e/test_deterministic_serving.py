@@ -31,7 +31,7 @@ def det_server(request):
     )
     with server:
         client = client_for(server, api_key=None)
-        _ask(client, "warm up", salt="warm-up")  # FP8 scales calibrate on the first prefill
+        _ask(client, "warm up", salt="warm-up")  # one-time costs (kernel builds) go first
         yield client
     server.engine.shutdown()
 

