@@ -103,7 +103,7 @@ def test_json_answers_validate_over_seeds(llm, renderer):
         [{"role": "user", "content": "The weather in a city of your choice, as JSON."}]
     ).token_ids
     schema, any_object = StructuredOutput.for_json_schema(CITY), StructuredOutput.for_json_object()
-    params = sampled(schema, 160) + sampled(any_object, 160)
+    params = sampled(schema, 128) + sampled(any_object, 96)
     outputs = [o.outputs[0] for o in llm.generate([prompt] * len(params), params)]
     for output in outputs[: len(SEEDS)]:
         assert output.finish_reason == "stop", output.text
@@ -138,8 +138,8 @@ def test_required_and_named_tool_calls_validate_over_seeds(llm, renderer):
     one_call = StructuredOutput.for_tool_calls("hermes", TOOLS, required=True, parallel=False)
     named = StructuredOutput.for_tool_calls("hermes", TOOLS[1:], required=True, parallel=False)
     keep = chat.skip_special_tokens
-    params = sampled(one_call, 128, skip_special_tokens=keep) + sampled(
-        named, 128, skip_special_tokens=keep
+    params = sampled(one_call, 96, skip_special_tokens=keep) + sampled(
+        named, 96, skip_special_tokens=keep
     )
     outputs = [o.outputs[0] for o in llm.generate([chat.token_ids] * len(params), params)]
     for index, output in enumerate(outputs):
@@ -210,9 +210,7 @@ def test_a_preempted_request_keeps_its_grammar_and_ends_valid(renderer):
     engine = llm.engine
     seqs = [
         engine.add_request(
-            renderer.render(
-                [{"role": "user", "content": f"Six words about {topic}."}]
-            ).token_ids,
+            renderer.render([{"role": "user", "content": f"Six words about {topic}."}]).token_ids,
             SamplingParams(max_tokens=150, temperature=0, structured=spec),
         )
         for topic in ("rivers", "stars", "bread", "trains")
