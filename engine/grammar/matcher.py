@@ -8,8 +8,9 @@ before every mask, so no path can leave the two apart:
 - preemption: the scheduler frees the pages and recomputes prompt plus
   output later, but the output tokens stay, so the matcher stays too (sync
   finds nothing to do);
-- a rollback of output tokens (none today; speculative decoding would need
-  it): sync rolls the matcher back by the difference;
+- output tokens taken back or replaced (nothing does today; speculative
+  decoding would): sync rolls the matcher back to where the two part and
+  accepts the rest;
 - stop, abort, finish: the matcher is dropped with the sequence.
 
 A token the grammar rejects cannot be sampled (its logit is -inf); if one is
@@ -33,6 +34,9 @@ class RequestGrammar:
             raise GrammarError(f"the answer's beginning {prefix[:40]!r} does not fit the grammar")
         self.accepted: list[int] = []  # the output tokens the matcher has taken
         self.error: str | None = None
+        # Asked of every constrained row each step; the matcher's answer changes only
+        # when it takes or gives back a token, so it is kept rather than asked again.
+        self._terminated = False
 
     @property
     def num_accepted(self) -> int:
@@ -41,7 +45,7 @@ class RequestGrammar:
     @property
     def terminated(self) -> bool:
         """The grammar accepted a stop token: the output is complete."""
-        return self.matcher.is_terminated()
+        return self._terminated
 
     @property
     def done(self) -> bool:
@@ -52,6 +56,7 @@ class RequestGrammar:
             return
         if self.matcher.accept_token(int(token)):
             self.accepted.append(int(token))
+            self._terminated = self.matcher.is_terminated()
         else:
             self.error = f"token {token} was sampled but the grammar does not allow it"
 
@@ -70,6 +75,7 @@ class RequestGrammar:
         if common < len(accepted):
             self.matcher.rollback(len(accepted) - common)
             del accepted[common:]
+            self._terminated = self.matcher.is_terminated()
             self.error = None  # a rejected token was never accepted; what is left is sound
         for token in output_token_ids[common:]:
             self.accept(token)

@@ -426,3 +426,14 @@ def test_masks_equal_the_bitmask_whichever_way_they_are_applied(glm, glm_backend
     bits = [(int(bitmask[0, i // 32]) >> (i % 32)) & 1 for i in range(GLM_VOCAB_SIZE)]
     expected = torch.where(torch.tensor(bits, dtype=torch.bool), before[1], float("-inf"))
     assert torch.equal(logits[1], expected) and torch.equal(logits[0], before[0])
+
+
+def test_the_grammar_ends_on_a_stop_token_and_a_rollback_reopens_it(glm, glm_backend):
+    grammar = glm_backend.request_grammar(StructuredOutput.for_json_object())
+    ids = glm.encode('{"a": 1}', add_special_tokens=False) + [glm_backend.stop_token_ids[0]]
+    grammar.sync(ids[:-1])
+    assert not grammar.terminated
+    grammar.sync(ids)
+    assert grammar.terminated and grammar.done and not grammar.error
+    grammar.sync(ids[:-1])
+    assert not grammar.terminated and not grammar.done

@@ -1,11 +1,12 @@
 """Constrained decoding on the default model (SmolLM2-135M-Instruct, FP8 KV cache).
 
 Sampled at temperature 1.0 over 20 seeds, every answer under a JSON schema,
-a JSON object, `tool_choice` required or a named function validates (the
-schemas bound every string, so an answer always fits its token budget); the
-unconstrained requests of a batch are untouched by a constrained neighbour;
-and a request preempted for want of KV pages and recomputed keeps a grammar
-state that matches its output.
+`tool_choice` required (one call) or a named function validates: the
+schemas bound every string, so an answer always fits its token budget. Any
+JSON object (12 seeds) has no such bound: an answer that ran out of tokens is
+still the start of one. The unconstrained requests of a batch are untouched
+by a constrained neighbour, and a request preempted for want of KV pages and
+recomputed keeps a grammar state that matches its output.
 """
 
 from __future__ import annotations
@@ -90,10 +91,10 @@ def renderer(llm):
     return ChatRenderer.for_model_dir(llm.tokenizer, llm.engine.model_dir)
 
 
-def sampled(spec: StructuredOutput, max_tokens: int, **kwargs) -> list[SamplingParams]:
+def sampled(spec: StructuredOutput, max_tokens: int, seeds=SEEDS, **kwargs) -> list[SamplingParams]:
     return [
         SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed, structured=spec, **kwargs)
-        for seed in SEEDS
+        for seed in seeds
     ]
 
 
@@ -103,7 +104,8 @@ def test_json_answers_validate_over_seeds(llm, renderer):
         [{"role": "user", "content": "The weather in a city of your choice, as JSON."}]
     ).token_ids
     schema, any_object = StructuredOutput.for_json_schema(CITY), StructuredOutput.for_json_object()
-    params = sampled(schema, 128) + sampled(any_object, 96)
+    # Fewer seeds for the object: nothing bounds it, and the batch runs as long as its longest.
+    params = sampled(schema, 128) + sampled(any_object, 96, seeds=range(12))
     outputs = [o.outputs[0] for o in llm.generate([prompt] * len(params), params)]
     for output in outputs[: len(SEEDS)]:
         assert output.finish_reason == "stop", output.text
@@ -121,7 +123,7 @@ def test_json_answers_validate_over_seeds(llm, renderer):
             state = grammar.request_grammar(any_object)
             state.sync(output.token_ids)
             assert output.finish_reason == "length" and state.error is None
-    assert sum(o.finish_reason == "stop" for o in objects) >= len(SEEDS) // 2
+    assert sum(o.finish_reason == "stop" for o in objects) >= len(objects) // 2
 
 
 def calls_of(chat, text: str) -> list[tuple[str, dict]]:
