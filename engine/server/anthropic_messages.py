@@ -11,7 +11,6 @@ to its typed exceptions (an overloaded engine is 529, as Anthropic's own).
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from collections.abc import Awaitable
@@ -21,7 +20,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
-from starlette.requests import ClientDisconnect
 
 from engine.server.anthropic_blocks import ContentBlocks
 from engine.server.anthropic_protocol import (
@@ -35,8 +33,9 @@ from engine.server.anthropic_stream import anthropic_sse_response, message_body,
 from engine.server.anthropic_translate import stop_reason, to_chat_request, usage
 from engine.server.chat_rendering import render_chat
 from engine.server.context import ServerContext
-from engine.server.errors import APIError, ClientDisconnected, bad_request, from_exception
+from engine.server.errors import APIError, bad_request, from_exception
 from engine.server.generation import GenerationGroup, Job, unless_disconnected
+from engine.server.request_body import parse_body
 from engine.server.sampling import output_budget, sampling_params
 
 # Model names that stand for the served model (see served_name).
@@ -114,26 +113,12 @@ def validation_message(error: ValidationError) -> str:
 
 
 async def _parse(request: Request, model: type[BaseModel], max_body_bytes: int) -> Any:
-    length = request.headers.get("content-length")
-    too_large = APIError(413, f"request body over {max_body_bytes} bytes")
-    if length is not None and length.isdigit() and int(length) > max_body_bytes:
-        raise too_large
-    try:
-        raw = await request.body()
-    except ClientDisconnect as error:
-        raise ClientDisconnected() from error
-    if len(raw) > max_body_bytes:
-        raise too_large
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise bad_request(f"the request body is not valid JSON: {error}") from error
-    if not isinstance(data, dict):
-        raise bad_request("the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as error:
-        raise bad_request(validation_message(error)) from error
+    return await parse_body(
+        request,
+        model,
+        max_bytes=max_body_bytes,
+        on_invalid=lambda error: bad_request(validation_message(error)),
+    )
 
 
 async def _answer(work: Awaitable[Response]) -> Response:

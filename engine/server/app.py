@@ -8,15 +8,12 @@ shuts it down (see launch.py).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
-from starlette.requests import ClientDisconnect
 
 from engine.server.anthropic_messages import anthropic_router
 from engine.server.auth import ApiKeyMiddleware
@@ -25,49 +22,22 @@ from engine.server.completions import create_completion
 from engine.server.context import ServerContext
 from engine.server.errors import (
     APIError,
-    ClientDisconnected,
-    bad_request,
     from_exception,
-    from_validation_error,
     install_error_handlers,
 )
 from engine.server.metrics import CONTENT_TYPE, HttpMetricsMiddleware, ServerMetrics
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.server.request_body import MAX_BODY_BYTES, parse_body
 from engine.server.responses import responses_router
 from engine.server.served_model import ServedModel
 
 log = logging.getLogger(__name__)
 
-# A request body larger than this is refused before it is parsed.
-MAX_BODY_BYTES = 32 * 1024 * 1024
 # Seconds an idle keep-alive connection stays open. Longer than clients' own
 # idle expiry (httpx, and so the openai client: 5 s), so that the client, not
 # the server, closes it: otherwise a request sent just as the server closes
 # the connection is lost.
 KEEP_ALIVE_SECONDS = 30
-
-
-async def _parse_body(request: Request, model: type[BaseModel]) -> Any:
-    """The JSON body as `model`: 400 for bad JSON or bad fields, 413 for a huge body."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="body_too_large")
-    try:
-        raw = await request.body()
-    except ClientDisconnect as error:
-        raise ClientDisconnected() from error
-    if len(raw) > MAX_BODY_BYTES:
-        raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="body_too_large")
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise bad_request(f"the request body is not valid JSON: {error}") from error
-    if not isinstance(data, dict):
-        raise bad_request("the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as error:
-        raise from_validation_error(error) from error
 
 
 async def _answer(work: Awaitable[Response]) -> Response:
@@ -98,16 +68,16 @@ def create_app(engine: Any, model: ServedModel, api_key: str | None = None) -> F
     app.state.ctx = ctx
     install_error_handlers(app)
     app.include_router(anthropic_router(ctx, MAX_BODY_BYTES))
-    app.include_router(responses_router(ctx, _parse_body, _answer))
+    app.include_router(responses_router(ctx, parse_body, _answer))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = await _parse_body(request, ChatCompletionRequest)
+        body = await parse_body(request, ChatCompletionRequest)
         return await _answer(create_chat_completion(body, ctx, request))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = await _parse_body(request, CompletionRequest)
+        body = await parse_body(request, CompletionRequest)
         return await _answer(create_completion(body, ctx, request))
 
     @app.get("/v1/models")
