@@ -132,7 +132,7 @@ class LocalClient(LLMClient):
         self, prompt: RenderedChat, params: SamplingParams
     ) -> AsyncIterator[StreamItem]:
         # Calls are held until complete, so a malformed one is never half-announced.
-        parser = prompt.output_parser(streaming=True)
+        parser = prompt.output_parser()
         pending: dict[int, list[Any]] = {}  # index -> [id, name, argument pieces]
         request_id = f"agent-{self._session}-{next(self._ids)}"
         last = None

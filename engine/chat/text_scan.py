@@ -7,8 +7,12 @@ complete marker and measure how much of a buffer's tail must be held back.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+# What can change whether JSON text is inside a string literal.
+_STRING_SPECIAL = re.compile(r'["\\\x00-\x1f]')
 
 
 def find_first_marker(text: str, markers: Sequence[str]) -> tuple[int, str] | None:
@@ -94,6 +98,68 @@ class WhitespaceTrimmer:
         kept = text.rstrip()
         self._held = text[len(kept) :]
         return kept
+
+
+class JsonStringTracker:
+    """Whether JSON text read so far stops inside a string literal.
+
+    A closing tag inside a string (a tool writing a file about tool calls) is
+    argument text, not the end of the call. A raw control character cannot be
+    inside a valid JSON string, so one ends the string here: a malformed body
+    whose quote was never closed still ends at a closing tag on its own line.
+    """
+
+    def __init__(self) -> None:
+        self.inside = False
+        self._escaped = False
+
+    def copy(self) -> JsonStringTracker:
+        twin = JsonStringTracker()
+        twin.inside, twin._escaped = self.inside, self._escaped
+        return twin
+
+    def feed(self, text: str) -> None:
+        position = 0
+        while position < len(text):
+            if self._escaped:
+                self._escaped = False
+                position += 1
+            elif not self.inside:
+                quote = text.find('"', position)
+                if quote < 0:
+                    return
+                self.inside = True
+                position = quote + 1
+            else:
+                found = _STRING_SPECIAL.search(text, position)
+                if found is None:
+                    return
+                if found.group() == "\\":
+                    self._escaped = True
+                else:  # the closing quote, or a control character no string may hold
+                    self.inside = False
+                position = found.end()
+
+
+def split_at_marker_outside_strings(
+    text: str, marker: str, final: bool, strings: JsonStringTracker
+) -> MarkerSplit:
+    """`split_at_marker` for one marker, skipping occurrences inside JSON strings.
+
+    `strings` is the state at the start of `text`; it is not advanced (the
+    caller feeds it the text it consumes).
+    """
+    probe = strings.copy()
+    scanned = 0
+    position = text.find(marker)
+    while position >= 0:
+        probe.feed(text[scanned:position])
+        scanned = position
+        if not probe.inside:
+            return MarkerSplit(text[:position], marker, text[position + len(marker) :])
+        position = text.find(marker, position + 1)
+    hold = 0 if final else held_back_length(text, (marker,))
+    return MarkerSplit(text[: len(text) - hold], None, text[len(text) - hold :])
 
 
 class TextAccumulator:

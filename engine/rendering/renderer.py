@@ -81,14 +81,21 @@ class RenderedChat:
     skip_special_tokens: bool = True  # what detokenizing the answer must do
     strip_texts: tuple[str, ...] = ()  # special tokens removed from kept-special output
 
-    def output_parser(self, streaming: bool) -> ChatOutputParser:
-        """A fresh parser for one answer. Streaming holds each call until it is complete,
-        so a malformed call is never announced (OpenAI streams cannot retract one)."""
+    def output_parser(self) -> ChatOutputParser:
+        """A fresh parser for one answer.
+
+        Calls stream as the model writes them: the call is announced once its
+        name is known and its arguments follow as far as they stay a valid JSON
+        prefix, so a client sees a long `write_file` grow instead of waiting
+        for all of it. A stream cannot retract what it sent: a call found
+        malformed after it was announced ends where its valid prefix ended,
+        never counts as a call (finish_reason stays "stop") and its text
+        follows as content, as in the complete answer. Constrained decoding
+        (tool_choice required or named) makes such calls impossible.
+        """
         tool_parser = None
         if self.tool_parser is not None:
-            tool_parser = get_tool_parser(self.tool_parser)(
-                self.tools, hold_until_complete=streaming
-            )
+            tool_parser = get_tool_parser(self.tool_parser)(self.tools)
         reasoning = ReasoningParser(self.starts_in_reasoning) if self.reasoning else None
         return ChatOutputParser(tool_parser, reasoning)
 
@@ -99,7 +106,7 @@ class RenderedChat:
 
     def parse(self, text: str) -> ParsedChatMessage:
         """A whole answer (detokenized as `skip_special_tokens` says) read into a message."""
-        return self.output_parser(streaming=False).parse_complete(self.clean(text))
+        return self.output_parser().parse_complete(self.clean(text))
 
 
 def default_template(tokenizer: Any) -> str | None:

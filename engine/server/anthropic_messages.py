@@ -172,7 +172,7 @@ async def create_message(body: MessagesRequest, ctx: ServerContext, http_request
         final = None
         async for _, output in group.outputs():
             final = output  # outputs() ends with the finished one, or raises
-        parser = prompt.output_parser(streaming=False)
+        parser = prompt.output_parser()
         blocks = ContentBlocks(chat.parallel_tool_calls)
         text = prompt.clean(final.outputs[0].text)
         blocks.feed(parser.feed(text) + parser.finish())

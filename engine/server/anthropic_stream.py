@@ -91,7 +91,7 @@ def message_events(
     `ending(output, made_tool_calls)` gives the stop reason and stop sequence."""
 
     async def events() -> AsyncIterator[dict[str, Any]]:
-        parser = prompt.output_parser(streaming=True)
+        parser = prompt.output_parser()
         blocks = ContentBlocks(parallel_tool_calls)
         started = False
         async for _, output in group.outputs():

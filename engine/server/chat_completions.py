@@ -60,7 +60,7 @@ class ChoiceStream:
     def __init__(self, index: int, prompt: ChatPrompt, request: ChatCompletionRequest, text):
         self.index = index
         self.prompt = prompt
-        self.parser = prompt.output_parser(streaming=True)
+        self.parser = prompt.output_parser()
         self.parallel_tool_calls = request.parallel_tool_calls
         self.logprobs_top = (request.top_logprobs or 0) if request.logprobs else None
         self.token_text = text
@@ -120,7 +120,7 @@ def _message(
     prompt: ChatPrompt, request: ChatCompletionRequest, output: RequestOutput
 ) -> tuple[dict, bool]:
     text = prompt.clean(output.outputs[0].text)
-    parsed = prompt.output_parser(streaming=False).parse_complete(text)
+    parsed = prompt.output_parser().parse_complete(text)
     for error in parsed.errors:
         log.info("malformed tool call passed on as text: %s", error)
     calls = parsed.tool_calls if request.parallel_tool_calls else parsed.tool_calls[:1]

@@ -75,7 +75,7 @@ class ResponseAssembler:
         reasoning_token: bool,
     ) -> None:
         self.response = response
-        self.parser = prompt.output_parser(streaming=True)
+        self.parser = prompt.output_parser()
         self.clean = prompt.clean
         self.parallel_tool_calls = parallel_tool_calls
         self.reasoning_token = reasoning_token

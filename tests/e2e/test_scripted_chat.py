@@ -97,7 +97,7 @@ def test_parallel_tool_calls_false_keeps_the_first(scripted):
     assert list(calls) == [0]
 
 
-def test_malformed_call_is_content_not_a_call(scripted):
+def test_malformed_call_is_content_not_a_call_and_a_stream_ends_it(scripted):
     bad = 'Sure. <tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>'
     scripted.engine.push(Script(pieces(bad)), Script(pieces(bad)))
     client = client_for(scripted)
@@ -110,8 +110,29 @@ def test_malformed_call_is_content_not_a_call(scripted):
             model="scripted", messages=USER, tools=[WEATHER_TOOL], stream=True
         )
     )
-    assert calls == {} and finish == "stop"
+    # The stream announced the call before it broke and cannot retract it: it ends
+    # at its last valid character and does not count (finish_reason "stop");
+    # the text follows as content, as in the complete answer.
+    assert finish == "stop"
     assert content == reply.choices[0].message.content
+    (announced,) = calls.values()
+    assert announced[1] == "get_weather" and announced[2] == '{"city": '
+
+
+def test_tool_call_arguments_stream_as_they_are_written(scripted):
+    scripted.engine.push(Script(pieces(CALL_TEXT)))
+    stream = client_for(scripted).chat.completions.create(
+        model="scripted", messages=USER, tools=[WEATHER_TOOL], stream=True
+    )
+    pieces_seen = [
+        call.function.arguments
+        for chunk in stream
+        for choice in chunk.choices
+        for call in choice.delta.tool_calls or []
+        if call.function.arguments
+    ]
+    assert len(pieces_seen) > 1, "the arguments came in one piece"
+    assert json.loads("".join(pieces_seen)) == {"city": "Paris"}
 
 
 def test_tool_choice_none_drops_tools_and_parsing(scripted, hermes_tok):

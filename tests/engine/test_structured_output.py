@@ -18,7 +18,7 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.grammar import StructuredOutput
 from engine.grammar.backend import backend_for
-from engine.grammar.json_check import schema_errors
+from engine.json_schema import schema_errors
 from engine.model_store import default_model_dir, is_complete
 from engine.rendering import ChatRenderer
 

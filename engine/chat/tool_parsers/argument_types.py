@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.chat.tool_parsers.base import loads_strict
+from engine.json_schema import json_type
 
 # Without a schema, only text starting like one of these can become non-string JSON.
 UNTYPED_JSON_STARTS = frozenset("{[-0123456789tfn")
@@ -57,22 +58,6 @@ def _schema_types(schema: Any) -> frozenset[str]:
     if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
         return frozenset({"string"})
     return frozenset()
-
-
-def _json_type_of(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
 
 
 def _allowed(value_type: str, types: frozenset[str]) -> bool:
@@ -144,12 +129,12 @@ def convert_value(text: str, types: frozenset[str]) -> Any:
             value = _repaired(text, types)
         if isinstance(value, str):  # JSON quoted as a string: read what it holds
             inner = _parse(value)
-            if inner is not _UNPARSED and _allowed(_json_type_of(inner), types):
+            if inner is not _UNPARSED and _allowed(json_type(inner), types):
                 value = inner
         return text if value is _UNPARSED else value
     if value is _UNPARSED:
         return text
-    value_type = _json_type_of(value)
+    value_type = json_type(value)
     if not types:
         return text if value_type == "string" else value
     return value if value_type != "string" and _allowed(value_type, types) else text

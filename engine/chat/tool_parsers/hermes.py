@@ -30,7 +30,12 @@ from enum import Enum, auto
 from typing import Any
 
 from engine.chat.json_prefix import JsonObjectPrefix
-from engine.chat.text_scan import TextAccumulator, split_at_marker
+from engine.chat.text_scan import (
+    JsonStringTracker,
+    TextAccumulator,
+    split_at_marker,
+    split_at_marker_outside_strings,
+)
 from engine.chat.tool_parsers.base import ToolParser, is_valid_tool_name, loads_strict
 
 CALL_OPEN = "<tool_call>"
@@ -133,6 +138,7 @@ class HermesToolParser(ToolParser):
         self._call_name = ""
         self._validator = JsonObjectPrefix()
         self._streamed = TextAccumulator()
+        self._strings = JsonStringTracker()
 
     def _step(self, final: bool) -> bool:
         if self._state is _State.CONTENT:
@@ -145,9 +151,11 @@ class HermesToolParser(ToolParser):
             self._state = _State.BODY
             self._begin_body()
             return True
-        # Only the closing tag ends the body: a JSON string may contain "<tool_call>".
-        split = split_at_marker(self._buffer, (CALL_CLOSE,), final)
+        # Only a closing tag outside JSON strings ends the body: a string may hold
+        # "<tool_call>" or "</tool_call>" (a file about tool calls).
+        split = split_at_marker_outside_strings(self._buffer, CALL_CLOSE, final, self._strings)
         self._buffer = split.after
+        self._strings.feed(split.before)
         self._take_body_text(split.before)
         if split.marker is not None:
             self._end_body(closed=True)

@@ -205,13 +205,14 @@ class KimiK2ToolParser(ToolParser):
         position, marker = found
         self._absorb(self._buffer[:position])
         inside_string = call.validator.in_string and not call.validator.failed
-        if marker == CALL_END:
-            self._buffer = self._buffer[position + len(marker) :]
-            self._end_call()
-        elif inside_string:
-            # Only a JSON string can hold marker text: it is argument text.
+        if inside_string:
+            # Only a JSON string can hold marker text (a file about tool calls):
+            # it is argument text, even the call's own end marker.
             self._buffer = self._buffer[position + len(marker) :]
             self._absorb(marker)
+        elif marker == CALL_END:
+            self._buffer = self._buffer[position + len(marker) :]
+            self._end_call()
         elif marker in _NEXT_STRUCTURE:
             # The call's end marker is missing; the next structure ends the call.
             self._buffer = self._buffer[position:]

@@ -10,96 +10,33 @@ Agent tool sets share argument names (`path` in read, list and grep), so a
 loose match would hand the client a call to a tool the model did not choose.
 The rules are therefore strict, and ambiguity means no match:
 
-- every required key present, every value of the declared type, enum and
-  const respected (recursively, through properties, items, anyOf/oneOf/allOf);
+- the arguments valid against the schema (required keys, types, enum and
+  const, lengths, patterns, bounds, local `$ref`, recursively);
 - at the top level, no key the schema does not declare, unless it allows
   extra keys (`additionalProperties` true or a schema, or `patternProperties`);
 - a tool without parameters takes only `{}`.
 
-Keywords that narrow values further (lengths, patterns, `$ref`) are not
-checked: they cannot make a second tool fit, only rule one out, and reading
-them wrongly would drop a good call.
+The values are checked by the engine's JSON Schema checker
+(`engine/json_schema.py`). A schema it cannot read (a regular expression
+Python does not accept, a `$ref` that leads nowhere) rules its tool out for
+this purpose: a name is only ever inferred from a schema that was checked.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
-
-def _is_integer(value: Any) -> bool:
-    # JSON Schema counts 2.0 as an integer; Python counts True as one, JSON does not.
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-
-
-_TYPE_CHECKS = {
-    "string": lambda v: isinstance(v, str),
-    "integer": _is_integer,
-    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "object": lambda v: isinstance(v, dict),
-    "array": lambda v: isinstance(v, list),
-    "null": lambda v: v is None,
-}
-
-
-def _type_fits(value: Any, declared: Any) -> bool:
-    names = [declared] if isinstance(declared, str) else declared
-    if not isinstance(names, list):
-        return True
-    checks = [_TYPE_CHECKS[name] for name in names if name in _TYPE_CHECKS]
-    return not checks or any(check(value) for check in checks)
-
-
-def _same(a: Any, b: Any) -> bool:
-    # JSON equality: True is not 1, although Python says it is.
-    return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
+from engine.json_schema import schema_errors
 
 
 def fits(value: Any, schema: Any) -> bool:
-    """Whether value satisfies schema, as far as the keywords above are checked."""
-    if schema is True or schema is None:
-        return True
-    if schema is False:
+    """Whether value satisfies schema; False too when the schema cannot be read."""
+    try:
+        return not schema_errors(value, schema)
+    except (re.error, LookupError, TypeError, ValueError, AttributeError):
         return False
-    if not isinstance(schema, dict):
-        return True
-    if "type" in schema and not _type_fits(value, schema["type"]):
-        return False
-    if "const" in schema and not _same(value, schema["const"]):
-        return False
-    if isinstance(schema.get("enum"), list) and not any(_same(value, c) for c in schema["enum"]):
-        return False
-    if isinstance(value, dict) and not _object_fits(value, schema):
-        return False
-    if isinstance(value, list) and "items" in schema:
-        items = schema["items"]
-        if isinstance(items, dict | bool) and not all(fits(v, items) for v in value):
-            return False
-    for key in ("anyOf", "oneOf"):
-        options = schema.get(key)
-        if isinstance(options, list) and options and not any(fits(value, o) for o in options):
-            return False
-    options = schema.get("allOf")
-    return not isinstance(options, list) or all(fits(value, o) for o in options)
-
-
-def _object_fits(value: dict, schema: dict) -> bool:
-    properties = schema.get("properties")
-    properties = properties if isinstance(properties, dict) else {}
-    required = schema.get("required")
-    if isinstance(required, list) and any(key not in value for key in required):
-        return False
-    extra = schema.get("additionalProperties", True)
-    for key, item in value.items():
-        if key in properties:
-            if not fits(item, properties[key]):
-                return False
-        elif not fits(item, extra):
-            return False
-    return True
 
 
 def _declared_keys(schema: dict) -> set[str]:

@@ -14,6 +14,21 @@ def block(body: str, newlines: bool = True) -> str:
 
 CASES = [
     Case(
+        "closing_tag_inside_a_json_string_is_argument_text",
+        block(
+            '{"name": "write_file", "arguments": {"content": "a </tool_call> b \\" </tool_call>"}}'
+        )
+        + "Done.",
+        calls=(("write_file", {"content": 'a </tool_call> b " </tool_call>'}),),
+        content="Done.",
+    ),
+    Case(
+        "unterminated_string_still_ends_at_the_closing_tag_on_its_own_line",
+        block('{"name": "write_file", "arguments": {"content": "oops}}') + "After.",
+        content=block('{"name": "write_file", "arguments": {"content": "oops}}') + "After.",
+        errors=("not valid JSON",),
+    ),
+    Case(
         "qwen_layout_streamed_arguments_verbatim",
         block('{"name": "final_answer", "arguments": {"trigger": true}}'),
         calls=(("final_answer", {"trigger": True}),),

@@ -56,6 +56,14 @@ TOOLS = (
 READ = call("functions.Read:0", '{"file_path": "/src/main.py"}')
 
 CASES = [
+    Case(
+        "end_marker_inside_a_json_string_is_argument_text",
+        section(
+            call("functions.Write:0", '{"file_path": "m.md", "content": "a <|tool_call_end|> b"}')
+        ),
+        calls=(("Write", {"file_path": "m.md", "content": "a <|tool_call_end|> b"}),),
+        tools=TOOLS,
+    ),
     # -- the format as Kimi writes it ---------------------------------------------------------
     Case(
         "single",

@@ -1,9 +1,10 @@
-"""Checking a JSON value against a JSON Schema: the keywords constrained decoding enforces.
+"""Checking a JSON value against a JSON Schema, for the whole engine.
 
-An independent oracle for what the grammar produced: the tests validate
-constrained outputs with it over many seeds, and bench/structured_output.py
-counts malformed tool calls with it. (The `jsonschema` package is not a
-dependency.) It covers the keywords `schema_support` lets through, with JSON
+Two users: the tool parsers, which name a Kimi call whose header names no
+tool by the one schema its arguments fit (`tool_parsers/schema_match.py`),
+and the tests and bench/structured_output.py, for which it is an independent
+oracle of what constrained decoding produced. (The `jsonschema` package is
+not a dependency.) It covers the keywords `schema_support` lets through, with JSON
 Schema's meaning: `type` (integer excludes booleans; 1.0 is an integer),
 `properties`/`required`/`additionalProperties`, `items`/`prefixItems`,
 `enum`/`const`, `anyOf`/`oneOf`/`allOf`, local `$ref`, string lengths in code
@@ -35,7 +36,8 @@ _FORMATS = {
 }
 
 
-def _type_of(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """The JSON Schema type of a parsed JSON value (2.0 is an integer, True is not)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -51,9 +53,22 @@ def _type_of(value: Any) -> str:
     return "object"
 
 
+def json_equal(a: Any, b: Any) -> bool:
+    """Equality as JSON means it: true is not 1 (Python says it is), 1 is 1.0."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[key], b[key]) for key in a)
+    return a == b
+
+
 def _type_ok(value: Any, declared: Any) -> bool:
+    if not isinstance(declared, str | list):
+        return True  # not a type keyword any validator could read
     kinds = [declared] if isinstance(declared, str) else list(declared)
-    actual = _type_of(value)
+    actual = json_type(value)
     return actual in kinds or (actual == "integer" and "number" in kinds)
 
 
@@ -76,13 +91,15 @@ def schema_errors(value: Any, schema: Any, root: Any = None, where: str = "$") -
     if "$ref" in schema:
         errors += schema_errors(value, _resolve(root, schema["$ref"]), root, where)
     if "type" in schema and not _type_ok(value, schema["type"]):
-        return errors + [f"{where}: expected {schema['type']}, got {_type_of(value)}"]
-    if "enum" in schema and value not in schema["enum"]:
+        return errors + [f"{where}: expected {schema['type']}, got {json_type(value)}"]
+    if isinstance(schema.get("enum"), list) and not any(
+        json_equal(value, option) for option in schema["enum"]
+    ):
         errors.append(f"{where}: {value!r} is not one of {schema['enum']!r}")
-    if "const" in schema and value != schema["const"]:
+    if "const" in schema and not json_equal(value, schema["const"]):
         errors.append(f"{where}: {value!r} is not {schema['const']!r}")
     errors += _combinators(value, schema, root, where)
-    kind = _type_of(value)
+    kind = json_type(value)
     if kind == "object":
         errors += _object_errors(value, schema, root, where)
     elif kind == "array":
