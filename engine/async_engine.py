@@ -130,6 +130,13 @@ class AsyncEngine:
         """
         loop = asyncio.get_running_loop()
         stream: asyncio.Queue = asyncio.Queue()
+        if params.structured is not None:
+            # Compiling a grammar costs milliseconds, and the first one walks the
+            # whole vocabulary (seconds for Kimi's): done here, off the engine
+            # thread, it is cached when `add` asks, and the batch keeps stepping.
+            from engine.grammar.backend import request_grammar  # xgrammar only when used
+
+            await asyncio.to_thread(request_grammar, self.engine, params)
 
         def add() -> None:
             self.engine.add_request(prompt, params, request_id=request_id, cache_salt=cache_salt)

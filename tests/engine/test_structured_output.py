@@ -11,13 +11,16 @@ recomputed keeps a grammar state that matches its output.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.async_engine import AsyncEngine
 from engine.grammar import StructuredOutput
-from engine.grammar.backend import backend_for
+from engine.grammar.backend import GrammarBackend, backend_for
 from engine.json_schema import schema_errors
 from engine.model_store import default_model_dir, is_complete
 from engine.rendering import ChatRenderer
@@ -224,3 +227,28 @@ def test_a_preempted_request_keeps_its_grammar_and_ends_valid(renderer):
         assert seq.finish_reason == "stop", seq.text
         assert seq.grammar.num_accepted == len(seq.output_token_ids)
         assert schema_errors(json.loads(seq.text), words) == [], seq.text
+
+
+def test_the_server_compiles_grammars_off_the_engine_thread(llm, monkeypatch):
+    """A new schema's compile must not stall the batch the engine thread is stepping."""
+    compiled_on: list[str] = []
+    compile_grammar = GrammarBackend.compile
+
+    def recording(self, spec):
+        compiled_on.append(threading.current_thread().name)
+        return compile_grammar(self, spec)
+
+    monkeypatch.setattr(GrammarBackend, "compile", recording)
+    spec = StructuredOutput.for_json_schema({**CITY, "title": "off-thread"})
+    params = SamplingParams(max_tokens=8, temperature=0.0, structured=spec)
+
+    async def run() -> None:
+        engine = AsyncEngine(engine=llm.engine)
+        try:
+            async for _ in engine.generate("Weather in Lima:", params, "off-thread"):
+                pass
+        finally:
+            engine.shutdown()
+
+    asyncio.run(run())
+    assert compiled_on and "resident-engine" not in compiled_on[0]
