@@ -67,7 +67,11 @@ def anthropic_error(error: BaseException) -> APIError:
         kind = _TYPES_BY_STATUS.get(
             status, "api_error" if status >= 500 else "invalid_request_error"
         )
-    return APIError(status, api_error.message, type=kind, headers=api_error.headers)
+    message = api_error.message
+    if api_error.param and api_error.param not in message:
+        # Anthropic's error has no `param` field: the path goes into the message.
+        message = f"{api_error.param}: {message}"
+    return APIError(status, message, type=kind, headers=api_error.headers)
 
 
 def error_response(error: BaseException) -> JSONResponse:

@@ -80,7 +80,8 @@ ToolResultBlock.model_rebuild()
 
 
 class InputMessage(_Lenient):
-    role: Literal["user", "assistant"]
+    # Claude Code sends reminders as "system" turns between the others.
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
 

@@ -3,7 +3,9 @@
 The request becomes a ChatCompletionRequest, so an Anthropic client's prompt
 goes through exactly the rendering, tool prompting, output parsing and
 sampling an OpenAI client's does:
-- `system` (a string or text blocks) becomes the system message;
+- `system` (a string or text blocks) becomes the system message, and a
+  `system` turn inside `messages` (Claude Code sends its reminders so) a
+  system message in its place;
 - a user turn's `tool_result` blocks become `tool` messages (in place, so the
   text around them keeps its order) and its text blocks user messages;
 - an assistant turn's `tool_use` blocks become `tool_calls`, its `thinking`
@@ -136,14 +138,13 @@ def _assistant_message(message: InputMessage, index: int) -> dict[str, Any]:
     return out
 
 
-def _system_text(body: Conversation) -> str | None:
-    system = body.system
+def _system_text(system: str | list | None, param: str) -> str | None:
     if system is None or isinstance(system, str):
         return system or None
     parts = []
     for number, block in enumerate(system):
         if not isinstance(block, TextBlock):
-            raise bad_request("system blocks must be text blocks", param=f"system.{number}")
+            raise bad_request("system blocks must be text blocks", param=f"{param}.{number}")
         parts.append(block.text)
     return "\n".join(parts) or None
 
@@ -182,12 +183,15 @@ def _template_switches(body: Conversation) -> dict[str, Any] | None:
 def chat_fields(body: Conversation) -> dict[str, Any]:
     """The chat request's fields for `body`; 400 for what cannot be served."""
     messages: list[dict[str, Any]] = []
-    system = _system_text(body)
+    system = _system_text(body.system, "system")
     if system is not None:
         messages.append({"role": "system", "content": system})
     for index, message in enumerate(body.messages):
         if message.role == "user":
             messages.extend(_user_messages(message, index))
+        elif message.role == "system":  # kept in place, as chat keeps a later system message
+            text = _system_text(message.content, f"messages.{index}.content")
+            messages.append({"role": "system", "content": text or ""})
         else:
             messages.append(_assistant_message(message, index))
     tools, tool_choice, parallel = _tools(body)

@@ -26,15 +26,11 @@ from starlette.responses import Response
 from engine.server.chat_rendering import render_chat
 from engine.server.context import ServerContext
 from engine.server.generation import GenerationGroup, Job, unless_disconnected
-from engine.server.responses_input import (
-    chat_request,
-    input_items,
-    response_tools,
-    text_format,
-)
+from engine.server.responses_input import chat_request, input_items, text_format
 from engine.server.responses_protocol import ResponsesRequest, new_id, response_shell
 from engine.server.responses_store import ResponseStore
 from engine.server.responses_stream import ResponseAssembler, stream_response
+from engine.server.responses_tools import response_tools
 from engine.server.sampling import output_budget, sampling_params
 
 ParseBody = Callable[[Request, type], Awaitable[Any]]
@@ -49,7 +45,7 @@ async def create_response(
     fmt = text_format(request.text)
     new_items = input_items(request)
     history = store.history(request.previous_response_id) if request.previous_response_id else []
-    chat = chat_request(request, history + new_items, tools, fmt)
+    chat = chat_request(request, history + new_items, tools.functions, fmt)
     prompt = render_chat(chat, ctx.model)
     max_tokens = output_budget(len(prompt.token_ids), chat.output_budget, ctx.model)
     params = sampling_params(
@@ -64,9 +60,9 @@ async def create_response(
         ctx.metrics,
     )
     await unless_disconnected(http_request, group.start())
-    shell = response_shell(request, response_id, request.model or ctx.model.id, tools, fmt)
+    shell = response_shell(request, response_id, request.model or ctx.model.id, tools.echo, fmt)
     assembler = ResponseAssembler(
-        shell, prompt, chat.parallel_tool_calls, request.wants_reasoning_token
+        shell, prompt, chat.parallel_tool_calls, request.wants_reasoning_token, tools.split
     )
 
     def keep(response: dict[str, Any]) -> None:

@@ -13,8 +13,8 @@ Input items become chat messages:
 - `reasoning` becomes the next assistant message's `reasoning_content`, which
   the templates of reasoning models (Kimi, GLM) render back.
 `instructions` becomes a leading system message. Anything this server cannot
-honour (images, hosted tools, item references) is a 400 naming the field,
-not silently dropped.
+honour (images, item references) is a 400 naming the field, not silently
+dropped; tools are read in responses_tools.py.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from engine.server.errors import APIError, bad_request, from_validation_error
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.responses_protocol import ResponsesRequest, decode_reasoning
+from engine.server.responses_tools import joined_name
 
 _ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
@@ -127,10 +128,11 @@ class _Conversation:
             arguments = item.get("arguments", "")
             if not isinstance(arguments, str):
                 arguments = json.dumps(arguments)
+            name = joined_name(item.get("namespace"), _required_string(item, "name", param))
             call = {
                 "id": _required_string(item, "call_id", param),
                 "type": "function",
-                "function": {"name": _required_string(item, "name", param), "arguments": arguments},
+                "function": {"name": name, "arguments": arguments},
             }
             message = self._assistant(None, join=True)
             message.setdefault("tool_calls", []).append(call)
@@ -159,35 +161,6 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list
     if not conversation.messages:
         raise bad_request("the input has no messages", param="input")
     return conversation.messages
-
-
-def response_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """The request's tools, checked, in the Responses shape (echoed in the response)."""
-    checked = []
-    for index, tool in enumerate(tools or []):
-        kind = tool.get("type")
-        if kind != "function":
-            raise bad_request(
-                f"tools of type {kind!r} are not supported by this server; "
-                "only function tools are (the client runs them)",
-                param=f"tools.{index}.type",
-            )
-        name = _required_string(tool, "name", f"tools.{index}")
-        parameters = tool.get("parameters")
-        if parameters is not None and not isinstance(parameters, dict):
-            raise bad_request(
-                "parameters must be a JSON schema object", f"tools.{index}.parameters"
-            )
-        checked.append(
-            {
-                "type": "function",
-                "name": name,
-                "description": tool.get("description"),
-                "parameters": parameters,
-                "strict": tool.get("strict"),
-            }
-        )
-    return checked
 
 
 def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:

@@ -73,8 +73,10 @@ class ResponseAssembler:
         prompt: ChatPrompt,
         parallel_tool_calls: bool,
         reasoning_token: bool,
+        split_name: Callable[[str], tuple[str, str | None]] = lambda name: (name, None),
     ) -> None:
         self.response = response
+        self.split_name = split_name  # a namespaced tool's chat name -> (name, namespace)
         self.parser = prompt.output_parser()
         self.clean = prompt.clean
         self.parallel_tool_calls = parallel_tool_calls
@@ -173,14 +175,17 @@ class ResponseAssembler:
         call = self.calls.get(event.index)
         if call is None and event.id is not None:
             self._close_text("completed")
+            name, namespace = self.split_name(event.name or "")
             item = {
                 "id": new_id("fc"),
                 "type": "function_call",
                 "call_id": event.id,
-                "name": event.name or "",
+                "name": name,
                 "arguments": "",
                 "status": "in_progress",
             }
+            if namespace is not None:
+                item["namespace"] = namespace
             call = self.calls[event.index] = _CallItem(item, self._add_item(item))
         if call is None or call.item["status"] != "in_progress" or not event.arguments:
             return

@@ -374,3 +374,23 @@ def test_real_prefix_cache_and_stop_sequence(tiny_server):
     assert len(text) >= 4, text
     stopped = send("Go on.", max_tokens=12, stop_sequences=[text[2:4]])
     assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == text[2:4]
+
+
+def test_system_turns_inside_messages_keep_their_place(scripted):
+    """Claude Code sends reminders as `system` turns between user turns."""
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+        {"role": "system", "content": [{"type": "text", "text": "Agent types: Explore."}]},
+        {"role": "user", "content": "And in Lima?"},
+    ]
+    chat = to_chat_request(MessagesRequest(model="m", max_tokens=8, messages=messages))
+    assert [(m.role, m.content) for m in chat.messages] == [
+        ("user", "Weather in Paris?"),
+        ("system", "Agent types: Explore."),
+        ("user", "And in Lima?"),
+    ]
+    assert ask(sdk(scripted), messages=messages).content[0].text == "Hello there."
+    bad = {"role": "system", "content": [{"type": "image", "source": {}}]}
+    with pytest.raises(anthropic.BadRequestError) as raised:
+        ask(sdk(scripted), messages=[*USER, bad])
+    assert "messages.1.content.0" in str(raised.value)

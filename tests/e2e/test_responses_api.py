@@ -156,6 +156,41 @@ def test_streamed_function_calls(scripted, size):
     assert final.output_text == "Checking."
 
 
+def test_namespaced_tools_and_hosted_tools_as_codex_sends_them(scripted, hermes_tok):
+    """Codex groups its sub-agent tools in a namespace and always adds web_search."""
+    agents = {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "description": "Sub-agents.",
+        "tools": [{"type": "function", "name": "close_agent"}],
+    }
+    tools = [agents, {"type": "web_search", "external_web_access": False}]
+    call = CALL_TEXT.replace("get_weather", "multi_agent_v1.close_agent")
+    scripted.engine.push(Script(pieces(call)))
+    client = client_for(scripted)
+    first = client.responses.create(model="scripted", input="hi", tools=tools)
+    (item,) = first.output
+    assert (item.name, item.namespace) == ("close_agent", "multi_agent_v1")
+    assert [tool.type for tool in first.tools] == ["namespace", "web_search"]
+    prompt = prompt_text(scripted, hermes_tok)
+    assert '"name": "multi_agent_v1.close_agent"' in prompt and "web_search" not in prompt
+    # The call goes back as history with its namespace, and renders as it was offered.
+    client.responses.create(
+        model="scripted",
+        input=[
+            {"role": "user", "content": "hi"},
+            *first.output,
+            {"type": "function_call_output", "call_id": item.call_id, "output": "closed"},
+        ],
+        tools=tools,
+    )
+    assert '{"name": "multi_agent_v1.close_agent", "arguments"' in prompt_text(scripted, hermes_tok)
+    # A plain function whose name has a dot is not split.
+    scripted.engine.push(Script(pieces(SEARCH_CALL)))
+    reply = client.responses.create(model="scripted", input="hi", tools=[SEARCH, agents])
+    assert (reply.output[0].name, reply.output[0].namespace) == ("web.search-v2", None)
+
+
 def test_parallel_tool_calls_false_keeps_the_first(scripted):
     scripted.engine.push(Script(pieces(CALL_TEXT + SEARCH_CALL)))
     reply = client_for(scripted).responses.create(
@@ -339,7 +374,12 @@ def assert_error(response: httpx.Response, status: int, param: str | None) -> di
         ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
         ({"input": [{"type": "function_call", "name": "f"}]}, "input.0.call_id"),
         ({"input": []}, "input"),
-        ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
+        ({"tools": [{"type": "custom", "name": "apply_patch"}]}, "tools.0.type"),
+        (
+            {"tools": [{"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}]},
+            "tools.0.tools.0.type",
+        ),
+        ({"tools": [{"type": "namespace", "tools": []}]}, "tools.0.name"),
         ({"tools": [{"type": "function"}]}, "tools.0.name"),
         ({"tool_choice": {"type": "file_search"}}, "tool_choice"),
         ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
