@@ -3,9 +3,10 @@
 `resident` with no subcommand opens the agent on the current repository: the
 Textual TUI (agent/tui/) on a terminal, the line-by-line REPL
 (agent/repl.py) with `--plain` or when stdin or stdout is not a terminal.
-`resident models` lives in models.py and `resident bench` in bench.py. The
-CLI is the one place outside agent/clients that imports the engine: it hosts
-the engine's own commands (serve, plan, models, bench).
+The engine's own commands (serve, plan, bench, models list/pull) live in
+engine/cli and are mounted here unchanged; `resident models calibrate` is the
+agent's (models.py). The CLI is the one place outside agent/clients that
+imports the engine.
 """
 
 from __future__ import annotations
@@ -17,18 +18,21 @@ from pathlib import Path
 
 import typer
 
-from agent.cli.bench import bench_app
-from agent.cli.common import MODEL_HELP, fail
 from agent.cli.models import models_app
 from agent.process_guard import guard_agent_process
+from engine.cli import bench_app, plan_command, serve
+from engine.cli.common import MODEL_HELP, fail
 
 app = typer.Typer(
     help="Resident: a terminal coding agent on its own inference engine.",
     no_args_is_help=False,
     add_completion=False,
 )
-app.add_typer(models_app, name="models")
+# The engine's own commands (engine/cli), mounted beside the agent's.
+app.command("serve")(serve)
+app.command("plan")(plan_command)
 app.add_typer(bench_app, name="bench")
+app.add_typer(models_app, name="models")  # the engine's list and pull, and calibrate
 
 APPROVAL_HELP = "read-only, ask (asks; nobody answers in headless runs), auto-edit or full-auto."
 NETWORK_HELP = (
@@ -129,81 +133,6 @@ def main(
     raise typer.Exit(code)
 
 
-@app.command("serve")
-def serve(
-    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP),
-    host: str = typer.Option("127.0.0.1", help="Address to bind; non-loopback needs an API key."),
-    port: int = typer.Option(8000, help="TCP port."),
-    dtype: str = typer.Option("auto", help="auto, bfloat16 or float32"),
-    kv_cache_dtype: str = typer.Option("fp8_e4m3", help="auto, bf16 or fp8_e4m3"),
-    kv_rotation: str = typer.Option(
-        "auto",
-        help="Hadamard rotation of K/V before the FP8 cache: none, hadamard, or auto "
-        "(hadamard for fp8_e4m3 unless fixed KV scales were measured without rotation).",
-    ),
-    kv_scales: str = typer.Option(
-        None,
-        "--kv-scales",
-        help="JSON file of KV scales (write one with `resident models calibrate`).",
-    ),
-    kv_scales_per_head: bool = typer.Option(
-        False, "--kv-scales-per-head", help="Calibrate one FP8 scale per KV head, not per layer."
-    ),
-    api_key: str = typer.Option(
-        None, envvar="RESIDENT_API_KEY", help="Require `Authorization: Bearer KEY`."
-    ),
-    max_num_seqs: int = typer.Option(None, help="Sequences in the running batch."),
-    max_waiting: int = typer.Option(1024, help="Queued requests beyond which the server says 503."),
-    kv_memory: float = typer.Option(None, help="KV cache budget in GiB."),
-    deterministic: bool = typer.Option(False, help="Batch- and cache-invariant outputs (slower)."),
-    max_model_len: int = typer.Option(None, help="Longest prompt plus output per request."),
-    attention_backend: str = typer.Option(
-        "auto",
-        help="auto (triton on CUDA, else cpu where its C kernels run, else torch), torch, "
-        "cpu or triton",
-    ),
-    cpu_kernel: str = typer.Option(
-        "auto",
-        help="CPU products with 4-/8-bit grid weights: int8 activations (AVX-512 VNNI "
-        "kernel, fastest), bf16 (torch's int4 kernel), or auto (int8 where it runs).",
-    ),
-) -> None:
-    """Serve the model over an OpenAI-compatible HTTP API."""
-    from engine.errors import EngineError
-    from engine.server.launch import ServeOptions, ServeUsageError, check_options
-    from engine.server.launch import serve as run_server
-
-    logging.getLogger("resident.serve").setLevel(logging.INFO)
-    options = ServeOptions(
-        model=model,
-        host=host,
-        port=port,
-        dtype=dtype,
-        kv_cache_dtype=kv_cache_dtype,
-        kv_rotation=kv_rotation,
-        kv_scales_file=kv_scales,
-        kv_scales_per_head=kv_scales_per_head,
-        api_key=api_key,
-        max_num_seqs=max_num_seqs,
-        max_waiting=max_waiting,
-        kv_memory_gib=kv_memory,
-        deterministic=deterministic,
-        max_model_len=max_model_len,
-        attention_backend=attention_backend,
-        cpu_kernel=cpu_kernel,
-    )
-    try:
-        check_options(options)
-    except ServeUsageError as err:
-        fail(str(err), code=2)
-    try:
-        run_server(options)
-    except ServeUsageError as err:  # e.g. the port is taken
-        fail(str(err), code=2)
-    except (EngineError, ValueError) as err:
-        fail(str(err))
-
-
 @app.command("run")
 def run(
     task: str = typer.Argument(..., help="The task; `-` reads it from stdin."),
@@ -277,58 +206,3 @@ def sessions(
         return
     for meta in metas:
         typer.echo(meta.describe())
-
-
-@app.command("plan")
-def plan_command(
-    model: list[str] = typer.Option(
-        None, "--model", "-m", help="Preset, config.json path or model folder (repeatable)."
-    ),
-    all_presets: bool = typer.Option(False, "--all-presets", help="Plan every preset."),
-    gpu: str = typer.Option("h200", help="h100, h200 or b200."),
-    num_gpus: int = typer.Option(8, "--num-gpus", help="GPUs in the set."),
-    tp: int = typer.Option(None, "--tp", help="Tensor-parallel size (default: --num-gpus)."),
-    gpu_memory: float = typer.Option(None, "--gpu-memory", help="GiB per GPU instead of --gpu."),
-    memory_fraction: float = typer.Option(None, help="Share of GPU memory for weights+KV [0.9]."),
-    activation_reserve: float = typer.Option(None, help="GiB per GPU for activations [10]."),
-    context: int = typer.Option(None, min=1, help="Tokens per request [the model's limit]."),
-    weights: str = typer.Option(None, help="bf16, fp8 or int4 [the checkpoint's form]."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-) -> None:
-    """KV bytes per token and BF16/FP8 KV capacity for a model on a GPU set, without weights."""
-    from engine.errors import EngineError
-    from engine.planner import PlanInputs, assumption_lines, plan, preset_names, render_plans
-
-    specs = list(model or []) + (preset_names() if all_presets else [])
-    if not specs:
-        fail(f"pass --model (a preset: {', '.join(preset_names())}) or --all-presets", code=2)
-    if weights is not None and weights not in ("bf16", "fp8", "int4"):
-        fail("--weights must be bf16, fp8 or int4", code=2)
-    overrides = {
-        "memory_fraction": memory_fraction,
-        "activation_reserve_gib": activation_reserve,
-    }
-    inputs = PlanInputs(
-        gpu=gpu,
-        num_gpus=num_gpus,
-        tp=tp,
-        gpu_memory_gib=gpu_memory,
-        context=context,
-        weights=weights,
-        **{key: value for key, value in overrides.items() if value is not None},
-    )
-    try:
-        plans = [plan(spec, inputs) for spec in specs]
-    except EngineError as err:
-        fail(str(err), code=2)
-    if as_json:
-        typer.echo(json.dumps(plans[0] if len(plans) == 1 else plans, indent=2))
-        return
-    from rich.console import Console
-
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
-    console.print(render_plans(plans))
-    for line in assumption_lines(plans):
-        console.print(line, highlight=False, soft_wrap=True)

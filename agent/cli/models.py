@@ -1,45 +1,24 @@
-"""`resident models`: list, fetch, and calibrate FP8 KV scales for a model."""
+"""`resident models`: the engine's list and pull, and calibrating FP8 KV scales on a repository.
+
+Calibration is the agent's: it measures on the files the resident snapshot
+would take (agent/context/selection.py), so it lives here, beside the
+engine's own model commands (engine/cli/models.py).
+"""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import typer
 
-from agent.cli.common import MODEL_HELP, fail
+from engine.cli.common import MODEL_HELP, fail
+from engine.cli.models import models_app as engine_models_app
 
 models_app = typer.Typer(
     help="List, fetch, and calibrate FP8 KV scales for models.", no_args_is_help=True
 )
-
-
-@models_app.command("list")
-def models_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Models Resident knows by name, and whether they are downloaded."""
-    from engine.model_store import list_models
-
-    entries = list_models()
-    if as_json:
-        typer.echo(json.dumps(entries, indent=2, default=str))
-        return
-    for entry in entries:
-        state = "present" if entry.get("present") else "not pulled (resident models pull)"
-        typer.echo(f"{entry['name']:28} {state:36} {entry.get('path', '')}")
-
-
-@models_app.command("pull")
-def models_pull() -> None:
-    """Fetch and convert the default model (SmolLM2-135M-Instruct); does nothing if present."""
-    from engine.errors import EngineError
-    from engine.model_store import pull_default_model
-
-    try:
-        path = pull_default_model(progress=sys.stderr.isatty())
-    except EngineError as err:
-        fail(str(err))
-    typer.echo(str(path))
+models_app.registered_commands.extend(engine_models_app.registered_commands)
 
 
 def _calibration_texts(paths: list[Path]) -> list[str]:

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import typer
 
-from agent.cli.common import MODEL_HELP, fail
+from engine.cli.common import MODEL_HELP, fail
 
 bench_app = typer.Typer(help="Measurements that print JSON.", no_args_is_help=True)
 

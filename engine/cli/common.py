@@ -1,4 +1,4 @@
-"""What the `resident` subcommand modules share: the error exit and option help."""
+"""What the engine's commands share: the error exit and option help."""
 
 from __future__ import annotations
 
