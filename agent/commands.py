@@ -114,12 +114,12 @@ def set_approval_mode(agent: Agent, mode: str) -> ApprovalMode:
         raise ValueError(
             f"unknown approval mode {mode!r}; the modes are {', '.join(APPROVAL_MODES)}"
         ) from None
-    agent.tools.policy.mode = chosen
+    agent.approval_mode = chosen
     return chosen
 
 
 def approval_mode(agent: Agent) -> ApprovalMode:
-    return agent.tools.policy.mode
+    return agent.approval_mode
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import secrets
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import prompts
 from agent.clients import (
@@ -49,7 +50,7 @@ from agent.events import (
     UserMessage,
 )
 from agent.tool_runner import ToolRunner, history_arguments
-from tools import RestoreReport
+from tools import ApprovalMode, RestoreReport
 
 EXIT_DONE = 0
 EXIT_FAILED = 1
@@ -113,12 +114,25 @@ class Agent:
             call["id"] for m in conversation.messages for call in m.get("tool_calls") or []
         }
 
+    @property
+    def workspace(self) -> Path:
+        """The repository this agent works in."""
+        return self.tools.workspace
+
+    @property
+    def approval_mode(self) -> ApprovalMode:
+        return self.tools.policy.mode
+
+    @approval_mode.setter
+    def approval_mode(self, mode: ApprovalMode) -> None:
+        self.tools.policy.mode = mode
+
     # -- control -------------------------------------------------------------------
 
     def interrupt(self) -> None:
         """Stop the running task as soon as it is safe. Call from the agent's event loop."""
         self._interrupted.set()
-        self.tools.ctx.cancel_event.set()
+        self.tools.cancel()
 
     async def compact(self) -> bool:
         """`/compact`: summarize the conversation and start a new epoch. False if it failed."""
@@ -141,12 +155,10 @@ class Agent:
     async def undo(self) -> RestoreReport | None:
         """`/undo`: files and conversation back to before the last task that changed files.
         None when nothing this session changed files."""
-        if not self.tools.undo_points or self.tools.checkpoints is None:
+        undone = await self.tools.undo_last_task()
+        if undone is None:
             return None
-        checkpoint_id, history_length = self.tools.undo_points.pop()
-        store = self.tools.checkpoints
-        report = await asyncio.to_thread(store.restore, checkpoint_id)
-        self.tools.ctx.file_states.clear()  # what the model read no longer holds
+        report, history_length = undone
         self.conversation.truncate(history_length)
         self._new_epoch()
         return report
@@ -159,7 +171,6 @@ class Agent:
 
     async def run_task(self, task: str) -> TaskOutcome:
         self._interrupted.clear()
-        self.tools.ctx.cancel_event.clear()
         self.tools.start_task()
         start_length = len(self.conversation)
         self.emitter.emit(UserMessage(text=task))

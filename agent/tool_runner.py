@@ -18,6 +18,7 @@ import dataclasses
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agent.clients import ToolCallChunk
@@ -34,6 +35,7 @@ from tools import (
     Effect,
     PermissionPolicy,
     Registry,
+    RestoreReport,
     ToolCall,
     ToolContext,
     ToolResult,
@@ -101,8 +103,29 @@ class ToolRunner:
         # (checkpoint id, conversation length before its task), oldest first: for /undo.
         self.undo_points: list[tuple[str, int]] = []
 
+    @property
+    def workspace(self) -> Path:
+        return self.ctx.workspace
+
     def start_task(self) -> None:
         self.checkpoint_taken = False
+        self.ctx.cancel_event.clear()
+
+    def cancel(self) -> None:
+        """Stop what the running tool does (a shell command is killed)."""
+        self.ctx.cancel_event.set()
+
+    async def undo_last_task(self) -> tuple[RestoreReport, int] | None:
+        """Files back to the checkpoint before the last task that changed them.
+
+        Returns the restore report and the conversation length before that
+        task, or None when this session changed no files."""
+        if not self.undo_points or self.checkpoints is None:
+            return None
+        checkpoint_id, history_length = self.undo_points.pop()
+        report = await asyncio.to_thread(self.checkpoints.restore, checkpoint_id)
+        self.ctx.file_states.clear()  # what the model read no longer holds
+        return report, history_length
 
     def _finish(self, call_id: str, result: ToolResult, **extra: Any) -> CallOutcome:
         self.emitter.emit(

@@ -164,6 +164,13 @@ class AsyncEngine:
     async def stats(self) -> dict:
         return await self.call(self.engine.stats)
 
+    async def pin_prefix(self, token_ids: list[int], cache_salt: str = "") -> Any:
+        """Keep the cached pages of this prefix from eviction; the handle is for unpin."""
+        return await self.call(lambda: self.engine.pin_prefix(token_ids, cache_salt))
+
+    async def unpin_prefix(self, handle: Any) -> None:
+        await self.call(lambda: self.engine.unpin_prefix(handle))
+
     def shutdown(self) -> None:
         self._stopped.set()
         self._thread.join(timeout=10)

@@ -179,8 +179,7 @@ class LocalClient(LLMClient):
         if ids == self._pinned_ids or not ids:
             return
         await self._unpin()
-        inner = self.engine.engine
-        self._pin_handle = await self.engine.call(lambda: inner.pin_prefix(ids, self.cache_salt))
+        self._pin_handle = await self.engine.pin_prefix(ids, self.cache_salt)
         self._pinned_ids = ids
         log.debug("pinned a resident prefix of %d tokens", len(ids))
 
@@ -188,9 +187,8 @@ class LocalClient(LLMClient):
         if self._pin_handle is None:
             return
         handle, self._pin_handle, self._pinned_ids = self._pin_handle, None, []
-        inner = self.engine.engine
         try:
-            await self.engine.call(lambda: inner.unpin_prefix(handle))
+            await self.engine.unpin_prefix(handle)
         except RuntimeError:
             pass  # the engine is gone, and its pins with it
 

@@ -169,7 +169,7 @@ class ResidentApp(App[int]):
         runtime = self.bridge.runtime
         if runtime is None:
             return
-        root = runtime.agent.tools.ctx.workspace
+        root = runtime.agent.workspace
         try:
             files = await asyncio.to_thread(lambda: list(visible_files(root, root)))
         except OSError:

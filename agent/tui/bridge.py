@@ -139,7 +139,7 @@ class AgentBridge:
             return ApprovalAnswer(True, "allowed for this session")
         answer: concurrent.futures.Future[ApprovalAnswer] = concurrent.futures.Future()
         self._waiting[request.call_id] = answer
-        workspace = self._runtime().agent.tools.ctx.workspace
+        workspace = self._runtime().agent.workspace
         self.post(ApprovalNeeded(request, preview(request, workspace)))
         try:
             return await asyncio.wrap_future(answer)
@@ -217,7 +217,7 @@ class AgentBridge:
         return self._runtime().session.id
 
     def approval_mode(self) -> ApprovalMode:
-        return self._runtime().agent.tools.policy.mode
+        return self._runtime().agent.approval_mode
 
     def set_approval(self, mode: str) -> ApprovalMode:
         return set_approval_mode(self._runtime().agent, mode)

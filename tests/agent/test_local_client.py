@@ -35,11 +35,14 @@ class FakeEngine:
         self.answer = answer
         self.prompts: list[list[int]] = []
         self.pins: list[list[int]] = []
-        self.engine = SimpleNamespace(
-            model_dir=None,
-            pin_prefix=lambda ids, salt="": self.pins.append(list(ids)) or ["handle"],
-            unpin_prefix=lambda handle: None,
-        )
+        self.engine = SimpleNamespace(model_dir=None)
+
+    async def pin_prefix(self, token_ids, cache_salt=""):
+        self.pins.append(list(token_ids))
+        return ["handle"]
+
+    async def unpin_prefix(self, handle):
+        return None
 
     async def stats(self):
         return {"max_context_tokens": 4096, "capacity_tokens": 100_000}
