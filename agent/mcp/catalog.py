@@ -23,8 +23,8 @@ import logging
 import time
 from typing import Any
 
-from agent.mcp.connection import State
 from agent.mcp.manager import McpManager
+from agent.mcp.status import State
 from agent.mcp.tool import McpTool
 from tools.base import Registry
 

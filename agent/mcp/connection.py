@@ -23,8 +23,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,6 +36,7 @@ from pydantic import ValidationError
 from agent.mcp.config import ServerConfig
 from agent.mcp.launch import LaunchRefused, open_transport, sandbox_label
 from agent.mcp.names import tool_name
+from agent.mcp.status import OfferedTool, ServerStatus, State
 from tools.sandbox import Sandbox, SandboxSettings
 
 if sys.version_info >= (3, 11):
@@ -48,45 +48,6 @@ MAX_TOOL_PAGES = 50
 MAX_DESCRIPTION = 2000  # characters of a tool's description the model sees
 STDERR_TAIL = 600  # characters of the server's stderr quoted in a failure reason
 CLIENT_INFO = types.Implementation(name="resident", version="0.1.0")
-
-
-class State(str, Enum):
-    PENDING = "pending"  # configured, not started yet
-    STARTING = "starting"
-    READY = "ready"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-
-@dataclass(frozen=True)
-class OfferedTool:
-    """An MCP tool as the model is offered it."""
-
-    name: str  # mcp__SERVER__TOOL
-    server: str
-    original: str  # the server's own name for it
-    description: str
-    input_schema: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ServerStatus:
-    """A snapshot of one server, safe to read from any thread."""
-
-    name: str
-    transport: str
-    source: str
-    target: str
-    sandbox: str
-    state: State = State.PENDING
-    reason: str = ""
-    tools: tuple[OfferedTool, ...] = ()
-    skipped: tuple[str, ...] = ()  # tools left out, each with why
-    notes: tuple[str, ...] = ()  # what of the config was not honoured
-
-    @property
-    def ready(self) -> bool:
-        return self.state is State.READY
 
 
 class CallFailed(Exception):

@@ -32,7 +32,8 @@ from typing import Any
 import mcp_types as types
 
 from agent.mcp.config import McpConfig
-from agent.mcp.connection import CallFailed, ServerConnection, ServerStatus, State
+from agent.mcp.connection import CallFailed, ServerConnection
+from agent.mcp.status import ServerStatus, State
 from tools.sandbox import Sandbox, SandboxSettings
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.mcp.config import REPOSITORY_FILE, ConfigProblem, user_config_file
-from agent.mcp.connection import ServerStatus, State
+from agent.mcp.status import ServerStatus, State
 
 MAX_DESCRIPTION = 100
 

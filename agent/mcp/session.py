@@ -5,6 +5,9 @@ agent and `start()` once the session has started, so the servers' first
 events follow `session_started` in the journal; `close()` ends them with
 the session. State changes come from the manager's thread and are handed
 to the agent's loop, the only place events are emitted.
+
+The SDK (a second or so to import) is loaded only when servers are
+configured: a session without any does not pay for it.
 """
 
 from __future__ import annotations
@@ -15,14 +18,17 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.events import ErrorEvent, Event, McpServer
-from agent.mcp.catalog import ToolCatalog
 from agent.mcp.config import ConfigProblem, McpConfig, load_config
-from agent.mcp.connection import ServerStatus, State
-from agent.mcp.manager import McpManager
+from agent.mcp.status import ServerStatus, State
 from tools.base import Registry
 from tools.context import ToolContext
+
+if TYPE_CHECKING:
+    from agent.mcp.catalog import ToolCatalog
+    from agent.mcp.manager import McpManager
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +103,9 @@ def open_mcp(
     config = config if config is not None else load_config(workspace)
     if not config.servers and not config.problems:
         return None
+    from agent.mcp.catalog import ToolCatalog
+    from agent.mcp.manager import McpManager
+
     manager = McpManager(
         config,
         workspace,

@@ -24,9 +24,10 @@ from jsonschema.validators import validator_for
 from pydantic import ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
 
-from agent.mcp.connection import CallFailed, OfferedTool
+from agent.mcp.connection import CallFailed
 from agent.mcp.manager import McpManager
 from agent.mcp.results import convert
+from agent.mcp.status import OfferedTool
 from tools.base import Arguments, Effect, Tool, ToolAccess, ToolResult
 from tools.context import ToolContext
 from tools.schema import clean_schema

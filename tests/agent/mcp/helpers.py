@@ -23,8 +23,9 @@ BUILTIN = [tool.name for tool in default_tools()]
 
 
 def demo_entry(script: Path = DEMO, **extra: Any) -> dict[str, Any]:
-    """A stdio entry that runs the demo server with this interpreter."""
-    return {"command": sys.executable, "args": [str(script)], **extra}
+    """A stdio entry that runs the demo server with this interpreter; in the sandbox the
+    server's folder is granted read-only (the `read` grant of a user's entry)."""
+    return {"command": sys.executable, "args": [str(script)], "read": [str(script.parent)], **extra}
 
 
 def copy_demo(workspace: Path) -> Path:

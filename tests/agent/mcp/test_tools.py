@@ -9,9 +9,10 @@ from dataclasses import replace
 import mcp_types as types
 
 from agent.mcp.catalog import ToolCatalog
-from agent.mcp.connection import OfferedTool, ServerStatus, State, _offer
+from agent.mcp.connection import _offer
 from agent.mcp.names import MAX_NAME, server_prefix, tool_name
 from agent.mcp.results import convert
+from agent.mcp.status import OfferedTool, ServerStatus, State
 from agent.mcp.tool import McpTool
 from tools import Registry, default_tools
 from tools.base import ToolAccess
@@ -132,3 +133,27 @@ def test_the_catalog_never_replaces_a_tool_already_there():
     catalog = ToolCatalog(registry, FakeManager([status("demo", State.READY, clash)]))  # type: ignore[arg-type]
     catalog.schemas()
     assert registry.get("read").__class__.__name__ == "ReadTool" and catalog.offered() == []
+
+
+def test_what_slash_mcp_and_mcp_list_print(tmp_path):
+    from agent.mcp.config import ConfigProblem
+    from agent.mcp.report import status_lines
+
+    ready = replace(
+        status("demo", State.READY, offered("echo"), offered("add")), skipped=("x: clash",)
+    )
+    failed = replace(status("web", State.FAILED), transport="http", reason="did not start in 1s")
+    problem = ConfigProblem(tmp_path / "mcp.json", "mcpServers.typo.comand: unknown field", "typo")
+    lines = status_lines([ready, failed], [problem])
+    assert lines[0] == "demo  stdio  ready  2 tools"
+    assert lines[1] == "    cmd  (user; sandbox: none)"
+    assert "    mcp__demo__echo  The echo tool." in lines
+    assert "    skipped: x: clash" in lines
+    assert "web  http  failed" in lines and "    reason: did not start in 1s" in lines
+    assert (
+        lines[-1] == f"config error: {tmp_path / 'mcp.json'}: mcpServers.typo.comand: unknown field"
+    )
+    assert "mcp__demo__echo  The echo tool." not in "\n".join(
+        status_lines([ready], [], tools=False)
+    )
+    assert status_lines([], [])[0].startswith("No MCP servers configured.")
