@@ -3,7 +3,8 @@
 `resident` with no subcommand opens the agent on the current repository: the
 Textual TUI (agent/tui/) on a terminal, the line-by-line REPL
 (agent/repl.py) with `--plain` or when stdin or stdout is not a terminal.
-`resident models` lives in models.py and `resident bench` in bench.py. The
+`resident models` lives in models.py, `resident bench` in bench.py and
+`resident mcp` in mcp.py. The
 CLI is the one place outside agent/clients that imports the engine: it hosts
 the engine's own commands (serve, plan, models, bench).
 """
@@ -19,6 +20,7 @@ import typer
 
 from agent.cli.bench import bench_app
 from agent.cli.common import MODEL_HELP, fail
+from agent.cli.mcp import mcp_app
 from agent.cli.models import models_app
 from agent.process_guard import guard_agent_process
 
@@ -29,6 +31,7 @@ app = typer.Typer(
 )
 app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
+app.add_typer(mcp_app, name="mcp")
 
 APPROVAL_HELP = "read-only, ask (asks; nobody answers in headless runs), auto-edit or full-auto."
 NETWORK_HELP = (
