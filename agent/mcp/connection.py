@@ -131,7 +131,7 @@ class ServerConnection:
             transport=config.transport,
             source=config.source,
             target=config.target,
-            sandbox=sandbox_label(config, sandbox),
+            sandbox=sandbox_label(config, sandbox, settings),
             notes=config.notes,
         )
         self.client: Client | None = None

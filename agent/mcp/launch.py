@@ -40,13 +40,15 @@ class LaunchRefused(Exception):
     """The server must not start here; the message says why and what would change it."""
 
 
-def sandbox_label(config: ServerConfig, sandbox: Sandbox | None) -> str:
+def sandbox_label(
+    config: ServerConfig, sandbox: Sandbox | None, settings: SandboxSettings | None = None
+) -> str:
     if config.transport == "http":
         return "none (a remote server)"
     if sandbox is None:
         return "none (no sandbox on this machine)"
     workspace = "writable" if config.write else "read-only"
-    network = "on" if config.network else "off"
+    network = "on" if config.network or (settings is not None and settings.network) else "off"
     return f"bubblewrap: workspace {workspace}, network {network}"
 
 

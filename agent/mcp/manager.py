@@ -179,6 +179,9 @@ class McpManager:
                 return future.result(timeout=0.05)
             except concurrent.futures.TimeoutError:
                 pass
+            if self._loop is None:  # stopped with the session while the call was out
+                future.cancel()
+                raise CallFailed(f"MCP server {server!r} was stopped; the call has no result")
             if cancel is not None and cancel.is_set():
                 future.cancel()  # the SDK tells the server the request was cancelled
                 raise CallFailed("interrupted; the MCP call was cancelled")

@@ -4,6 +4,7 @@ listing, calls, errors, a hang, a crash, a bad command, a slow start, the sandbo
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -107,23 +108,28 @@ def test_calls_need_approval_by_default(demo):
 
 def test_a_crash_costs_that_server_only_and_stop_leaves_no_process(tmp_path):
     workspace = Path(os.path.realpath(tmp_path))
-    manager, _ = manager_for(workspace, {"a": demo_entry(), "b": demo_entry()})
+    manager, _ = manager_for(workspace, {"a": demo_entry(), "b": demo_entry(), "c": demo_entry()})
     try:
         assert manager.wait_settled(30)
-        assert [s.state for s in manager.statuses()] == [State.READY, State.READY]
+        assert [s.state for s in manager.statuses()] == [State.READY] * 3
         with pytest.raises(CallFailed, match="MCP server 'a' failed: the server closed"):
             manager.call("a", "crash", {})
-        a, b = manager.statuses()
-        assert a.state is State.FAILED and "closed the connection" in a.reason
+        assert manager.statuses()[0].state is State.FAILED
         with pytest.raises(CallFailed, match="MCP server 'a' failed"):
             manager.call("a", "echo", {"text": "x"})
-        assert b.state is State.READY
-        pid = manager.call("b", "pid", {}).structured_content["result"]
-        assert alive(pid)
+        killed = manager.call("b", "pid", {}).structured_content["result"]
+        os.kill(killed, signal.SIGKILL)  # dies while idle: noticed without a call
+        deadline = time.monotonic() + 10
+        while manager.statuses()[1].state is not State.FAILED:
+            assert time.monotonic() < deadline, manager.statuses()[1]
+            time.sleep(0.02)
+        assert "closed the connection" in manager.statuses()[1].reason
+        pid = manager.call("c", "pid", {}).structured_content["result"]
+        assert alive(pid) and manager.statuses()[2].state is State.READY
     finally:
         manager.stop()
     assert not alive(pid)
-    assert manager.statuses()[1].state is State.STOPPED
+    assert manager.statuses()[2].state is State.STOPPED
 
 
 def test_a_bad_command_and_a_server_that_never_answers_fail_with_why(tmp_path):
