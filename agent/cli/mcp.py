@@ -24,8 +24,11 @@ def mcp_list(
     ),
     tools: bool = typer.Option(True, "--tools/--no-tools", help="List each server's tools."),
 ) -> None:
-    """Start each configured server (in the sandbox, as a session would), list its state and
-    tools, and stop it. Exit code 1 when a config file has a problem."""
+    """List the configured MCP servers, their state and their tools.
+
+    Each server is started as a session would start it (in the sandbox), listed and stopped.
+    Exit code 1 when a config file has a problem.
+    """
     from agent.mcp.config import load_config
     from agent.mcp.manager import McpManager
     from agent.mcp.report import status_json, status_lines
