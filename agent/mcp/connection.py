@@ -140,6 +140,7 @@ class ServerConnection:
         self._done = asyncio.Event()
         self._stopping = False
         self._ended = False
+        self._startup: anyio.CancelScope | None = None
 
     def _set(self, state: State, reason: str = "", **changes: Any) -> None:
         self.status = replace(self.status, state=state, reason=reason, **changes)
@@ -150,8 +151,11 @@ class ServerConnection:
         self._wake.set()
 
     def stop(self) -> None:
+        """Ask the owner task to end the server (call on the manager's loop)."""
         self._stopping = True
         self._wake.set()
+        if self._startup is not None and self.status.state is State.STARTING:
+            self._startup.cancel()  # a server still starting is not waited for
 
     async def wait_done(self, timeout: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -170,9 +174,11 @@ class ServerConnection:
             if self.config.transport == "stdio":
                 errlog = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
             with anyio.CancelScope() as scope:
+                self._startup = scope
                 scope.deadline = anyio.current_time() + timeout
                 await self._serve(scope, errlog)
-            if scope.cancelled_caught and self.status.state is State.STARTING:
+            starting = self.status.state is State.STARTING
+            if scope.cancelled_caught and starting and not self._stopping:
                 self._fail(f"did not start within {timeout:g}s", errlog)
         except LaunchRefused as err:
             self._set(State.FAILED, str(err))
@@ -180,6 +186,7 @@ class ServerConnection:
             self._fail(_describe(err), errlog)
         finally:
             self.client = None
+            self._startup = None
             if self.status.state in (State.STARTING, State.READY):
                 if self._stopping:
                     self._set(State.STOPPED, "stopped with the session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -134,25 +135,38 @@ def test_a_crash_costs_that_server_only_and_stop_leaves_no_process(tmp_path):
 
 def test_a_bad_command_and_a_server_that_never_answers_fail_with_why(tmp_path):
     workspace = Path(os.path.realpath(tmp_path))
-    silent = {"command": "sh", "args": ["-c", "cat >/dev/null"]}  # reads, never answers
+    marker = f"never-answers-{tmp_path.name}"
+    silent = {
+        "command": sys.executable,
+        "args": ["-c", f"import sys; sys.stdin.read()  # {marker}"],
+    }
     manager, _ = manager_for(
         workspace,
         {
             "bad": {"command": str(tmp_path / "no-such-server")},
             "mute": silent | {"startupTimeout": 0.5},
+            "slow": silent | {"startupTimeout": 600},
         },
     )
     try:
-        assert manager.wait_settled(20)
-        bad, mute = manager.statuses()
-        assert bad.state is State.FAILED and "no-such-server" in bad.reason
-        assert "No such file or directory" in bad.reason
-        assert mute.state is State.FAILED and mute.reason == "did not start within 0.5s"
-        assert manager.version == 0
+        deadline = time.monotonic() + 20
+        while [s.state for s in manager.statuses()][:2] != [State.FAILED, State.FAILED]:
+            assert time.monotonic() < deadline, manager.statuses()
+            time.sleep(0.02)
+        bad, mute, slow = manager.statuses()
+        assert "no-such-server" in bad.reason and "No such file or directory" in bad.reason
+        assert mute.reason == "did not start within 0.5s"
+        assert slow.state is State.STARTING and manager.version == 0
         with pytest.raises(CallFailed, match="MCP server 'bad' failed"):
             manager.call("bad", "echo", {})
+        with pytest.raises(CallFailed, match="MCP server 'slow' is not ready"):
+            manager.call("slow", "echo", {})
     finally:
-        manager.stop()
+        started = time.monotonic()
+        manager.stop()  # a server still starting is stopped, not waited for
+    assert time.monotonic() - started < 5
+    assert manager.statuses()[2].state is State.STOPPED
+    assert processes_naming(marker) == []
 
 
 def test_streamable_http_server_with_headers_and_its_crash(tmp_path):
