@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from agent.events import EventSink, SessionCompleted
 from agent.loop import Agent
+from agent.mcp.report import status_lines
 from agent.runtime import Runtime, RuntimeOptions, open_runtime
 from agent.session import SessionMeta, SessionStore
 from agent.tool_runner import ApprovalCallback, ApprovalRequest
@@ -35,6 +36,7 @@ SLASH_COMMANDS: tuple[SlashCommand, ...] = (
     SlashCommand("/clear", "", "start a new session"),
     SlashCommand("/sessions", "", "this repository's sessions; pick one to resume"),
     SlashCommand("/approval", "[MODE]", "show or set the approval mode"),
+    SlashCommand("/mcp", "", "MCP servers: their state and tools"),
     SlashCommand("/quit", "", "leave"),
 )
 APPROVAL_MODES: tuple[str, ...] = tuple(mode.value for mode in ApprovalMode)
@@ -95,6 +97,7 @@ async def reopen_runtime(
     fails the old runtime stays usable and the error is raised.
     """
     runtime.emitter.emit(SessionCompleted(final_message=final_message, exit_code=0))
+    await runtime.stop_mcp()  # a new session starts its own
     runtime.session.close()
     fresh = replace(options, resume=resume, continue_last=False)
     if model is not None:
@@ -137,3 +140,18 @@ def workspace_diff(agent: Agent) -> WorkspaceDiff:
 def list_sessions(agent: Agent, store: SessionStore | None = None) -> Sequence[SessionMeta]:
     """This workspace's sessions, most recent first."""
     return (store or SessionStore()).list(agent.context.workspace)
+
+
+def mcp_report(runtime: Runtime) -> list[str]:
+    """`/mcp`: the session's MCP servers, their state and the tools they offer."""
+    if runtime.mcp is None:
+        return status_lines([], [])
+    statuses = runtime.mcp.statuses()
+    lines = status_lines(statuses, runtime.mcp.problems)
+    offered = set(runtime.mcp.catalog.offered())
+    ready = {tool.name for status in statuses for tool in status.tools if status.ready}
+    waiting = len(ready - offered)
+    noun = "tool is" if len(offered) == 1 else "tools are"
+    line = f"{len(offered)} MCP {noun} offered to the model now"
+    lines.append(line + (f"; {waiting} more join at the next turn." if waiting else "."))
+    return lines

@@ -7,7 +7,8 @@ within a session, resumed runs included.
 
 Beyond the list in DESIGN.md there are three events a journal needs to be
 complete: `user_message` (what the user asked), `checkpoint` (taken before
-the first change of a task, what `/undo` goes back to) and `compaction`.
+the first change of a task, what `/undo` goes back to) and `compaction`;
+and `mcp_server`, an MCP server's state changes (agent/mcp/).
 """
 
 from __future__ import annotations
@@ -124,6 +125,18 @@ class Compaction(Event):
     summary: str
 
 
+class McpServer(Event):
+    """An MCP server changed state: starting, ready (with its tools), failed (with why)."""
+
+    type: Literal["mcp_server"] = "mcp_server"
+    server: str
+    state: Literal["starting", "ready", "failed", "stopped"]
+    transport: str = ""  # stdio or http
+    tools: list[str] = []  # the names the model is offered (ready)
+    reason: str = ""  # why it failed or stopped
+    skipped: list[str] = []  # tools left out (name collisions), each with why
+
+
 class ErrorEvent(Event):
     type: Literal["error"] = "error"
     message: str
@@ -159,6 +172,7 @@ AnyEvent = Annotated[
     | Usage
     | ContextSnapshot
     | Compaction
+    | McpServer
     | ErrorEvent
     | TurnCompleted
     | SessionCompleted,

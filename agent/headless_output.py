@@ -19,6 +19,7 @@ from agent.events import (
     ContextSnapshot,
     ErrorEvent,
     Event,
+    McpServer,
     ReasoningDelta,
     SessionStarted,
     TextDelta,
@@ -124,5 +125,10 @@ class ProgressPrinter:
             )
         elif isinstance(event, ErrorEvent):
             self._line(f"error: {event.message}")
+        elif isinstance(event, McpServer) and event.state == "failed":
+            self._line(f"[mcp server {event.server} failed: {event.reason}]")
+        elif isinstance(event, McpServer) and event.state == "ready":
+            skipped = f"; left out: {'; '.join(event.skipped)}" if event.skipped else ""
+            self._line(f"[mcp server {event.server}: {len(event.tools)} tools{skipped}]")
         elif isinstance(event, TurnCompleted) and self._mid_line:
             self._line("")

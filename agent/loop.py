@@ -189,6 +189,7 @@ class Agent:
                 return outcome
 
     async def _prepare_context(self) -> None:
+        await self.context.settle_tools()  # MCP servers still starting: a bounded wait
         messages = self.conversation.messages
         if self.context.over_compaction_threshold(messages) and self._turns_since_compaction > 0:
             await self.compact()  # at most once between two turns: never in a loop

@@ -24,8 +24,8 @@ _PR_SET_DUMPABLE = 4
 # Variables that configure the agent, or name an agent socket the user's own git
 # signing needs (a commit signed outside the sandbox), rather than hold secrets.
 CONFIG_NAMES = frozenset(
-    {"RESIDENT_DATA_DIR", "RESIDENT_NO_SANDBOX", "RESIDENT_CPU_KERNELS", "SSH_AUTH_SOCK",
-     "GPG_AGENT_INFO"}
+    {"RESIDENT_DATA_DIR", "RESIDENT_CONFIG_DIR", "RESIDENT_NO_SANDBOX", "RESIDENT_CPU_KERNELS",
+     "SSH_AUTH_SOCK", "GPG_AGENT_INFO"}
 )  # fmt: skip
 
 
@@ -40,6 +40,11 @@ def make_undumpable() -> bool:
         return False
 
 
+# What left the environment, kept in this process only for what the user's own config
+# names explicitly (`${GITHUB_TOKEN}` in their MCP servers file): no child inherits it.
+_withheld: dict[str, str] = {}
+
+
 def drop_secret_variables() -> list[str]:
     """Remove credential-looking variables from this process's environment; their
     names, sorted. Call after the options that read them (--api-key) are parsed."""
@@ -47,8 +52,15 @@ def drop_secret_variables() -> list[str]:
         name for name in os.environ if is_secret_variable(name) and name not in CONFIG_NAMES
     )
     for name in dropped:
-        os.environ.pop(name, None)
+        value = os.environ.pop(name, None)
+        if value is not None:
+            _withheld[name] = value
     return dropped
+
+
+def withheld_variable(name: str) -> str | None:
+    """A variable `drop_secret_variables` took out of the environment, for explicit use."""
+    return _withheld.get(name)
 
 
 def guard_agent_process() -> None:

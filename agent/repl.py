@@ -24,7 +24,7 @@ from typing import Any, TextIO, TypeVar
 
 from agent.agent_thread import AgentThread
 from agent.clients import ClientError, LLMClient
-from agent.commands import SessionApprovals, reopen_runtime, undo_summary
+from agent.commands import SessionApprovals, mcp_report, reopen_runtime, undo_summary
 from agent.events import Event, SessionCompleted, Usage
 from agent.headless import EXIT_USAGE
 from agent.headless_output import ProgressPrinter
@@ -46,6 +46,7 @@ Each line is a message to the agent, in one continuing session.
   /compact   summarize the conversation so far (keeps the repository resident)
   /undo      put files and conversation back as they were before the last change
   /clear     start a new session
+  /mcp       MCP servers: their state and tools
   /quit      leave (also Ctrl-D, or Ctrl-C twice at the prompt)
 Ctrl-C while the agent works stops generation and any running command; a
 second Ctrl-C stops at once. Approvals: y allows the call once, a allows the
@@ -187,6 +188,10 @@ class Repl:
                     self.say(f"  {detail}")
         elif name == "/clear":
             self._new_session()
+        elif name == "/mcp":
+            assert self.runtime is not None
+            for text in mcp_report(self.runtime):
+                self.say(text)
         else:
             self.say(f"unknown command {name}; /help lists them")
         return True

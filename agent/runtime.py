@@ -19,6 +19,7 @@ from agent.context import ContextSettings, ResidentContext
 from agent.conversation import Conversation
 from agent.events import EventEmitter, EventSink, SessionStarted
 from agent.loop import Agent, AgentSettings, snapshot_event
+from agent.mcp.session import McpSession, open_mcp
 from agent.session import Session, SessionStore, data_dir
 from agent.tool_runner import ApprovalCallback, ToolRunner
 from tools import (
@@ -69,8 +70,16 @@ class Runtime:
     client: LLMClient
     emitter: EventEmitter
     sandbox: Sandbox | SandboxUnavailable | None = None
+    mcp: McpSession | None = None  # the session's MCP servers, when any are configured
+
+    async def stop_mcp(self) -> None:
+        """Stop the MCP servers (they end with the session)."""
+        mcp, self.mcp = self.mcp, None
+        if mcp is not None:
+            await asyncio.to_thread(mcp.close)
 
     async def close(self) -> None:
+        await self.stop_mcp()
         self.session.close()
         await self.client.aclose()
 
@@ -168,8 +177,17 @@ async def open_runtime(
         except Exception as err:
             log.warning("could not prune old checkpoints: %s", err)
     runner = ToolRunner(registry, tool_context, policy, emitter, approve, checkpoints)
+    # MCP servers join the full tool set; a run limited to named tools (--tools) gets none.
+    mcp = (
+        open_mcp(workspace, tool_context, registry, emitter.emit) if options.tools is None else None
+    )
     context = ResidentContext(
-        workspace, client, registry.schemas(), tool_context, settings=options.context
+        workspace,
+        client,
+        registry.schemas(),
+        tool_context,
+        settings=options.context,
+        catalog=mcp.catalog if mcp is not None else None,
     )
     conversation = Conversation(
         session.load_messages(),
@@ -187,7 +205,16 @@ async def open_runtime(
             sandbox=_describe_sandbox(sandbox),
         )
     )
-    snapshot = await context.start(task)
+    if mcp is not None:
+        mcp.start()  # in the background: the session does not wait for its servers
+    try:
+        snapshot = await context.start(task)
+    except BaseException:
+        if mcp is not None:
+            await asyncio.to_thread(mcp.close)
+        raise
     emitter.emit(snapshot_event(snapshot, client.token_count_method))
     agent = Agent(client, context, runner, emitter, conversation, options.settings)
-    return Runtime(agent=agent, session=session, client=client, emitter=emitter, sandbox=sandbox)
+    return Runtime(
+        agent=agent, session=session, client=client, emitter=emitter, sandbox=sandbox, mcp=mcp
+    )

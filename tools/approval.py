@@ -11,6 +11,8 @@ from tools.ignore import IgnoreMatcher, parse_rule
 from tools.paths import ResolvedPath
 from tools.sandbox import READ_ONLY, SandboxGrant
 
+NAMESPACE_SEPARATOR = "__"  # between the parts of a namespaced tool name
+
 
 class ApprovalMode(str, Enum):
     READ_ONLY = "read-only"
@@ -49,7 +51,10 @@ class Decision:
 @dataclass(frozen=True)
 class Rule:
     """`tool` is a tool name or '*'; `pattern` is a command prefix for shell
-    ("git push") or a path glob for file tools ("src/**", ".env"), None for all."""
+    ("git push") or a path glob for file tools ("src/**", ".env"), None for all.
+
+    Namespaced tools (`mcp__SERVER__TOOL`) are covered by a rule naming the
+    tool or any namespace above it: `mcp__SERVER` (one server), `mcp` (all)."""
 
     tool: str
     pattern: str | None = None
@@ -68,7 +73,14 @@ class Rule:
         return self.tool if self.pattern is None else f"{self.tool}:{self.pattern}"
 
     def covers_tool(self, name: str) -> bool:
-        return self.tool in ("*", name)
+        return self.tool in ("*", name) or self.names_namespace_of(name)
+
+    def names_namespace_of(self, name: str) -> bool:
+        return name.startswith(self.tool + NAMESPACE_SEPARATOR)
+
+    def names_tool(self, name: str) -> bool:
+        """Covers `name` by naming it or its namespace: '*' is not enough."""
+        return self.tool == name or self.names_namespace_of(name)
 
     def prefix_tokens(self) -> tuple[str, ...]:
         try:

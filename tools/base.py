@@ -77,6 +77,9 @@ class ToolAccess:
     # It runs code the repository holds (a commit's hooks): confined by the sandbox
     # when there is one; without one the policy asks even in full-auto.
     runs_repository_code: bool = False
+    # It is carried out by a program outside the agent (an MCP server's tool): nothing
+    # about the call says what it touches, so only the mode or a rule naming it allows it.
+    external: bool = False
 
 
 class Tool(ABC):
@@ -137,6 +140,10 @@ class Registry:
         if tool.name in self._tools:
             raise ValueError(f"a tool named {tool.name!r} is already registered")
         self._tools[tool.name] = tool
+
+    def unregister(self, name: str) -> None:
+        """Take a tool away (an MCP server's, when its server is gone); no error if absent."""
+        self._tools.pop(name, None)
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)

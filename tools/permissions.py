@@ -13,7 +13,11 @@ Order of judgement, first match wins:
    ask; writes are denied in read-only, asked in ask mode, allowed in
    auto-edit and full-auto; shell commands that only read are allowed
    everywhere, other commands are denied in read-only, asked in ask and
-   auto-edit, allowed in full-auto.
+   auto-edit, allowed in full-auto; tools another program carries out
+   (MCP servers' tools, `external`) ask in ask and auto-edit, run in
+   full-auto or when an allow rule names them (`mcp__SERVER`,
+   `mcp__SERVER__TOOL`), and in read-only mode run only when a rule names
+   them: the agent cannot see what they do, so the user must have said so.
 
 Shell commands run in an OS sandbox (tools.sandbox) and the decision says
 what the sandbox grants: a command allowed as read-only gets a read-only
@@ -140,6 +144,8 @@ class PermissionPolicy(ShellJudgement):
             )
         if analysis is not None and not self.sandboxed:
             return self._judge_unsandboxed(tool)
+        if access.external:
+            return self._judge_external(tool)
         if self.mode is ApprovalMode.READ_ONLY and access.effect is not Effect.READ:
             if analysis is None:
                 return Verdict.DENY, "read-only mode does not allow changes"
@@ -175,6 +181,23 @@ class PermissionPolicy(ShellJudgement):
         if self._rules_problem(tool, analysis, cwd) is None:
             return Verdict.ALLOW, "allowed by allow rules"
         return Verdict.ASK, f"{self.mode.value} mode asks before running it: {problem}"
+
+    def _judge_external(self, tool: str) -> tuple[Verdict, str]:
+        """A tool another program carries out (an MCP server's): it may do anything, so
+        read-only mode runs it only when an allow rule names it (or its server)."""
+        named = next((r for r in self.allow if r.names_tool(tool) and r.pattern is None), None)
+        if self.mode is ApprovalMode.READ_ONLY:
+            if named is not None:
+                return Verdict.ALLOW, f"allowed by the allow rule '{named}'"
+            return Verdict.DENY, (
+                "read-only mode does not call MCP tools unless an allow rule names the tool "
+                "or its server"
+            )
+        if named is not None or any(r.tool == "*" and r.pattern is None for r in self.allow):
+            return Verdict.ALLOW, "allowed by an allow rule"
+        if self.mode is ApprovalMode.FULL_AUTO:
+            return Verdict.ALLOW, "full-auto mode"
+        return Verdict.ASK, f"{self.mode.value} mode asks before calling an MCP server's tool"
 
     def _judge_unsandboxed(self, tool: str) -> tuple[Verdict, str]:
         """Fail closed: with no sandbox the parser's word is not enough to run anything."""

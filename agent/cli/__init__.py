@@ -5,8 +5,8 @@ Textual TUI (agent/tui/) on a terminal, the line-by-line REPL
 (agent/repl.py) with `--plain` or when stdin or stdout is not a terminal.
 The engine's own commands (serve, plan, bench, models list/pull) live in
 engine/cli and are mounted here unchanged; `resident models calibrate` is the
-agent's (models.py). The CLI is the one place outside agent/clients that
-imports the engine.
+agent's (models.py), and `resident mcp` is in mcp.py. The CLI is the one
+place outside agent/clients that imports the engine.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import typer
 
+from agent.cli.mcp import mcp_app
 from agent.cli.models import models_app
 from agent.process_guard import guard_agent_process
 from engine.cli import bench_app, plan_command, serve
@@ -33,6 +34,7 @@ app.command("serve")(serve)
 app.command("plan")(plan_command)
 app.add_typer(bench_app, name="bench")
 app.add_typer(models_app, name="models")  # the engine's list and pull, and calibrate
+app.add_typer(mcp_app, name="mcp")
 
 APPROVAL_HELP = "read-only, ask (asks; nobody answers in headless runs), auto-edit or full-auto."
 NETWORK_HELP = (

@@ -6,6 +6,11 @@ block; the tool schemas, sorted by name, travel as the request's `tools`;
 then the conversation. Nothing volatile comes before the conversation, so
 every turn's prompt extends the previous one until the epoch changes.
 
+The tool list may grow during a session (MCP servers start in the
+background): a `ToolCatalog` gives the schemas at each new epoch, and a
+change in its `version` starts a new epoch before the next turn, so the
+tools too stay fixed within an epoch.
+
 Edits do not rewrite the snapshot. Before each turn the files shown in full
 are checked (size and mtime); when the changed ones hold more than
 `stale_fraction` of the snapshot, or after a compaction, a new snapshot is
@@ -19,7 +24,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import prompts
 from agent.clients import ChatRequest, LLMClient
@@ -37,6 +42,17 @@ class ContextSettings:
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
 
+class ToolCatalog(Protocol):
+    """Tools that can change during a session (agent/mcp/catalog.py)."""
+
+    @property
+    def version(self) -> int: ...  # goes up when the tools should change at the next epoch
+
+    def schemas(self) -> list[dict[str, Any]]: ...  # this epoch's, sorted by name
+
+    async def settle(self) -> None: ...  # a bounded wait for tools still on their way
+
+
 class ResidentContext:
     def __init__(
         self,
@@ -45,10 +61,13 @@ class ResidentContext:
         tool_schemas: list[dict[str, Any]],
         tool_context: ToolContext | None = None,
         settings: ContextSettings | None = None,
+        catalog: ToolCatalog | None = None,
     ) -> None:
         self.workspace = Path(os.path.realpath(workspace))
         self.client = client
         self.tool_schemas = tool_schemas
+        self.catalog = catalog
+        self._tools_version = catalog.version if catalog is not None else 0
         self.tool_context = tool_context
         self.settings = settings or ContextSettings()
         self.window = 0
@@ -69,6 +88,9 @@ class ResidentContext:
 
     def new_epoch(self, task: str = "") -> Snapshot:
         """Render the system prompt and a fresh snapshot within the budget."""
+        if self.catalog is not None:
+            self._tools_version = self.catalog.version
+            self.tool_schemas = self.catalog.schemas()
         self.system_prompt = prompts.load("system", workspace=str(self.workspace))
         agents = agents_instructions(self.workspace)
         if agents:
@@ -112,7 +134,16 @@ class ResidentContext:
                 stale.append(file.path)
         return stale
 
+    def tools_changed(self) -> bool:
+        return self.catalog is not None and self.catalog.version != self._tools_version
+
+    async def settle_tools(self) -> None:
+        if self.catalog is not None:
+            await self.catalog.settle()
+
     def needs_new_epoch(self) -> bool:
+        if self.tools_changed():
+            return True
         if self.snapshot is None or not self.snapshot.files:
             return False
         shown = sum(f.size for f in self.snapshot.files) or 1

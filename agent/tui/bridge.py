@@ -26,6 +26,7 @@ from agent.commands import (
     SessionApprovals,
     WorkspaceDiff,
     list_sessions,
+    mcp_report,
     reopen_runtime,
     set_approval_mode,
     workspace_diff,
@@ -233,6 +234,9 @@ class AgentBridge:
     async def diff(self) -> WorkspaceDiff:
         agent = self._runtime().agent
         return await self._call(asyncio.to_thread(workspace_diff, agent))
+
+    def mcp_report(self) -> list[str]:
+        return mcp_report(self._runtime())
 
     async def sessions(self) -> list[SessionMeta]:
         agent = self._runtime().agent

@@ -124,6 +124,9 @@ class SlashCommands:
         if chosen and chosen != current:
             await self.app.run_exclusive("Resuming the session…", self.app.bridge.resume(chosen))
 
+    async def do_mcp(self, _: str) -> None:
+        await self.view.note("\n".join(self.app.bridge.mcp_report()))
+
     async def do_approval(self, mode: str) -> None:
         bridge = self.app.bridge
         if not mode:

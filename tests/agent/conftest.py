@@ -32,7 +32,8 @@ def test_mul():
 
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path_factory, monkeypatch):
-    """Sessions and checkpoints under tmp; git never reads the developer's config."""
+    """Sessions, checkpoints and the user's config (MCP servers) under tmp; git never
+    reads the developer's config."""
     home = tmp_path_factory.mktemp("home")
     config = home / "gitconfig"
     config.write_text(
@@ -42,6 +43,7 @@ def isolated_env(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     monkeypatch.setenv("RESIDENT_DATA_DIR", str(home / "data"))
+    monkeypatch.setenv("RESIDENT_CONFIG_DIR", str(home / "config"))
     monkeypatch.delenv("RESIDENT_API_KEY", raising=False)
     for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
         monkeypatch.delenv(name, raising=False)

@@ -305,3 +305,41 @@ def test_network_rules_see_through_wrappers(decide):
         "full-auto", "shell", command="timeout 60 pip install x", allow=allow
     ).grant.network
     assert not decide("full-auto", "shell", command="sudo pip install x", allow=allow).grant.network
+
+
+# Tools another program carries out (MCP servers' tools): ask, unless the mode or a rule
+# that names them says otherwise; read-only mode only with a rule naming the tool or server.
+EXTERNAL = [
+    ("ask", (), (), "mcp__demo__echo", ASK),
+    ("auto-edit", (), (), "mcp__demo__echo", ASK),
+    ("full-auto", (), (), "mcp__demo__echo", ALLOW),
+    ("ask", ("mcp__demo",), (), "mcp__demo__echo", ALLOW),
+    ("ask", ("mcp__demo__echo",), (), "mcp__demo__echo", ALLOW),
+    ("ask", ("mcp__demo__echo",), (), "mcp__demo__add", ASK),
+    ("ask", ("mcp__dem",), (), "mcp__demo__echo", ASK),
+    ("ask", ("mcp",), (), "mcp__other__x", ALLOW),
+    ("ask", ("*",), (), "mcp__demo__echo", ALLOW),
+    ("full-auto", (), ("mcp__demo",), "mcp__demo__echo", DENY),
+    ("ask", ("mcp__demo",), ("mcp__demo__add",), "mcp__demo__add", DENY),
+    ("read-only", (), (), "mcp__demo__echo", DENY),
+    ("read-only", ("*",), (), "mcp__demo__echo", DENY),
+    ("read-only", ("mcp__demo",), (), "mcp__demo__echo", ALLOW),
+]
+
+
+@pytest.mark.parametrize(("mode", "allow", "deny", "tool", "expected"), EXTERNAL)
+def test_external_tools(workspace, mode, allow, deny, tool, expected):
+    from tools import ToolAccess
+    from tools.base import Effect
+
+    policy = PermissionPolicy(mode, workspace=workspace, allow=allow, deny=deny, sandboxed=True)
+    access = ToolAccess(effect=Effect.EXECUTE, summary=tool, external=True)
+    assert policy.check_access(tool, access).verdict is expected
+
+
+def test_namespace_rules_reach_only_namespaced_tools():
+    assert Rule.parse("mcp__demo").covers_tool("mcp__demo__echo")
+    assert not Rule.parse("mcp__demo").covers_tool("mcp__demo2__echo")
+    assert not Rule.parse("mcp").covers_tool("shell")
+    assert Rule.parse("*").covers_tool("mcp__demo__echo")
+    assert not Rule.parse("*").names_tool("mcp__demo__echo")

@@ -23,6 +23,7 @@ from agent.events import (
     ContextSnapshot,
     ErrorEvent,
     Event,
+    McpServer,
     ReasoningDelta,
     SessionCompleted,
     SessionStarted,
@@ -293,6 +294,19 @@ class ConversationView(VerticalScroll):
         elif isinstance(event, ErrorEvent):
             await self._end_text(group)
             await self._add(group, ErrorNote(event.message, event.kind, event.fatal))
+        elif isinstance(event, McpServer):
+            await self._mcp_note(group, event)
+
+    async def _mcp_note(self, group: TaskGroup, event: McpServer) -> None:
+        """One line when a server fails or leaves tools out; a working server is quiet
+        (/mcp lists it)."""
+        if event.state == "failed":
+            await self._end_text(group)
+            text = f"MCP server {event.server} failed: {event.reason} (its tools are unavailable)"
+            await self._add(group, Note(text, "warning"))
+        elif event.state == "ready" and event.skipped:
+            text = f"MCP server {event.server}: left out {'; '.join(event.skipped)}"
+            await self._add(group, Note(text, "warning"))
 
     async def _tool_event(self, block: ToolBlock, event: Event) -> None:
         if isinstance(event, ApprovalRequested):

@@ -19,6 +19,8 @@ NEXT_STEPS = {
     "engine": "The local engine failed. Try again; restart with -v for details (the TUI logs to "
     "resident.log in the data directory).",
     "configuration": "Fix the setting named above and restart.",
+    "mcp_config": "Fix the MCP servers file named above; /clear starts a session that reads it "
+    "again.",
 }
 DEFAULT_NEXT_STEP = "Try again; if it keeps failing, restart with -v for details."
 
