@@ -111,15 +111,16 @@ class Running:
 
 @asynccontextmanager
 async def resident_acp(
-    client: EditorClient, url: str, cwd: Path, *extra: str, fs: bool = False
+    client: EditorClient, url: str | None, cwd: Path, *extra: str, fs: bool = False
 ) -> AsyncIterator[Running]:
-    """`resident acp --attach URL` as a child process, initialized.
+    """`resident acp --attach URL` (no URL: the local engine) as a child process, initialized.
 
     Leaving closes its stdin, which must end it (the SDK then waits, terminates
     and kills in turn); a process still alive after that is killed by its PID.
     """
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    args = ["-m", "agent.cli", "acp", "--attach", url, "--context-window", "32768", *extra]
+    attach = ["--attach", url, "--context-window", "32768"] if url else []
+    args = ["-m", "agent.cli", "acp", *attach, *extra]
     with (cwd.parent / "acp-stderr.log").open("ab") as log:
         spawn = spawn_agent_process(
             client,

@@ -27,9 +27,11 @@ from acp.schema import (
     UserMessageChunk,
 )
 
+from agent.acp import engines
 from agent.acp.permissions import PermissionBridge
 from agent.acp.prompt import prompt_text
 from agent.acp.updates import UpdateTranslator, replay_updates
+from agent.clients import LLMClient
 from agent.events import (
     ApprovalResolved,
     ErrorEvent,
@@ -40,6 +42,7 @@ from agent.events import (
     Usage,
     UserMessage,
 )
+from agent.runtime import RuntimeOptions
 from agent.tool_runner import ApprovalRequest
 from tests.agent.acp.acp_client import ROOT
 
@@ -203,3 +206,41 @@ def test_stdout_is_kept_for_the_protocol():
     assert done.returncode == 0, done.stderr
     assert done.stdout == '{"jsonrpc": "2.0"}\n'
     assert "stray print" in done.stderr and "from a child" in done.stderr
+
+
+# -- the engine behind the sessions ------------------------------------------------------
+
+
+class FakeLocalClient(LLMClient):
+    model = "fake"
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def context_window(self) -> int:
+        return 4096
+
+    def stream(self, request):
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.anyio
+async def test_local_sessions_share_one_engine(monkeypatch):
+    started: list[FakeLocalClient] = []
+
+    def start(model: str) -> FakeLocalClient:
+        started.append(FakeLocalClient())
+        return started[-1]
+
+    monkeypatch.setattr(engines, "start_local_client", start)
+    link = engines.Engines(RuntimeOptions(model="some-model"))
+    first, second = await link.client_for_session(), await link.client_for_session()
+    assert len(started) == 1 and await second.context_window() == 4096
+    await first.aclose()  # a session closing leaves the engine to the others
+    assert not started[0].closed
+    await link.aclose()
+    assert started[0].closed
+    assert await engines.Engines(RuntimeOptions(attach="http://x")).client_for_session() is None

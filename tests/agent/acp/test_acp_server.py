@@ -10,14 +10,16 @@ that are wrong.
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 
 import pytest
 from acp import RequestError, image_block, resource_link_block, text_block
-from acp.schema import AgentMessageChunk
+from acp.schema import AgentMessageChunk, UsageUpdate
 
 from tests.agent.acp.acp_client import WAIT, EditorClient, resident_acp, stderr_of
 from tests.agent.conftest import CALC
-from tests.agent.scripted_server import Reply, ScriptedServer, call, wait_for
+from tests.agent.scripted_server import Reply, ScriptedServer, Status, call, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -198,7 +200,8 @@ async def test_a_session_loads_in_a_new_process_with_its_history_replayed(repo):
 
 async def test_bad_requests_get_errors_and_the_server_goes_on(repo):
     client = EditorClient()
-    with ScriptedServer([Reply("Fine.")]) as server:
+    refused = Status(400, '{"error": {"message": "the model is on strike"}}')
+    with ScriptedServer([refused, Reply("Fine.")]) as server:
         async with resident_acp(client, server.url, repo) as agent:
             conn = agent.conn
             with pytest.raises(RequestError) as unknown:
@@ -218,6 +221,9 @@ async def test_bad_requests_get_errors_and_the_server_goes_on(repo):
             with pytest.raises(RequestError):
                 await conn.set_session_mode(session_id=session.session_id, mode_id="yolo")
             await conn.set_session_mode(session_id=session.session_id, mode_id="auto-edit")
+            with pytest.raises(RequestError) as failed:  # the model failed: the turn broke
+                await prompt(conn, session.session_id, "hello")
+            assert "on strike" in str(failed.value)
             readme = (repo / "README.md").as_uri()
             mention = [text_block("what does "), resource_link_block("README.md", readme)]
             response = await asyncio.wait_for(
@@ -226,4 +232,34 @@ async def test_bad_requests_get_errors_and_the_server_goes_on(repo):
             )
         assert agent.process.returncode == 0, stderr_of(repo)
     assert response.stop_reason == "end_turn"
-    assert user_contents(server.requests[0])[-1] == "what does `README.md` do?"
+    assert user_contents(server.requests[1])[-1] == "what does `README.md` do?"
+
+
+def _default_model_present() -> bool:
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return (Path(cache) / "resident/models/smollm2-135m-instruct/config.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _default_model_present(), reason="run `resident models pull` first")
+async def test_two_sessions_share_the_local_engine(repo):
+    """The local path: one engine loaded for both sessions. SmolLM2 cannot do much; the
+    turns must still be well-formed. Few tools and tokens keep the CPU prefill short."""
+    client = EditorClient()
+    extra = ("--tools", "read", "--approval", "read-only", "--max-tokens", "8", "--max-turns", "2")
+    async with resident_acp(client, None, repo, *extra) as agent:
+        first = await agent.conn.new_session(cwd=str(repo), mcp_servers=[])
+        second = await agent.conn.new_session(cwd=str(repo), mcp_servers=[])
+        answers = [
+            await asyncio.wait_for(
+                agent.conn.prompt(session_id=s.session_id, prompt=[text_block("What is calc.py?")]),
+                120,
+            )
+            for s in (first, second)
+        ]
+    assert agent.process.returncode == 0, stderr_of(repo)
+    assert first.session_id != second.session_id
+    assert first.modes.current_mode_id == "read-only"
+    # max_tokens when the 8 tokens ran out, max_turn_requests if it kept calling tools
+    assert {a.stop_reason for a in answers} <= {"end_turn", "max_tokens", "max_turn_requests"}
+    assert client.of(UsageUpdate) and client.of(UsageUpdate)[-1].size == 8192
