@@ -57,6 +57,18 @@ class ClientFiles:
             future.cancel()
             raise
 
+    async def read_text_async(self, path: Path) -> str | None:
+        """The same read, from the loop itself (for previews); None when it fails."""
+        if not self.reads or self.session_id is None:
+            return None
+        request = self.client.read_text_file(session_id=self.session_id, path=str(path))
+        try:
+            response = await asyncio.wait_for(request, READ_TIMEOUT_S)
+        except Exception as err:
+            log.warning("the client could not read %s (%s)", path, err)
+            return None
+        return response.content
+
     def read_text(self, path: Path) -> str | None:
         if not self.reads or not self._usable():
             return None

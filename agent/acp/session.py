@@ -34,13 +34,16 @@ from agent.acp.engines import Engines
 from agent.acp.files import ClientFiles
 from agent.acp.permissions import CANCELLED, PermissionBridge
 from agent.acp.prompt import prompt_text
+from agent.acp.tool_calls import preview_content
 from agent.acp.updates import SessionUpdate, UpdateTranslator, replay_updates
+from agent.approval_preview import preview
 from agent.commands import approval_mode, set_approval_mode
 from agent.events import Event, SessionCompleted
 from agent.loop import TaskOutcome
 from agent.runtime import Runtime, RuntimeOptions, open_runtime
 from agent.tool_runner import ApprovalAnswer, ApprovalRequest
 from tools import ApprovalMode
+from tools.paths import PathError, resolve_path
 from tools.sandbox import SandboxUnavailable
 
 log = logging.getLogger(__name__)
@@ -124,9 +127,31 @@ class AcpSession:
             session_id=self.id, tool_call=tool_call, options=options
         )
 
+    async def _preview_from_editor(self, request: ApprovalRequest) -> None:
+        """The diff of a file change from the editor's text rather than the disk's, when
+        the editor serves reads: unsaved changes are what the edit will apply to."""
+        raw = request.arguments.get("path")
+        if request.tool not in ("edit", "write") or not isinstance(raw, str):
+            return
+        if self.permissions.remembered(request) is not None:
+            return  # nobody will look at it
+        try:
+            path = resolve_path(raw, [self.workspace]).real
+        except PathError:
+            return
+        if not path.is_file():
+            return
+        text = await self.files.read_text_async(path)
+        if text is None:
+            return
+        content = preview_content(preview(request, self.workspace, text), self.workspace)
+        for update in self.translate.revise(request.call_id, content):
+            self._updates.put_nowait(update)
+
     async def _approve(self, request: ApprovalRequest) -> ApprovalAnswer:
         """The runtime's approval callback: the client is asked, unless the turn is
         cancelled first."""
+        await self._preview_from_editor(request)
         await self.flush()
         if self._cancelled.is_set():
             return ApprovalAnswer(False, CANCELLED)
@@ -208,9 +233,11 @@ class AcpSession:
 
     async def close(self) -> None:
         """End the session: an unfinished turn is interrupted, the journal completed."""
-        self.cancel()
         runtime, self.runtime = self.runtime, None
         if runtime is not None:
+            # Also when the prompt's task was cancelled already (the connection went
+            # away): a command still running in a worker thread is killed here.
+            runtime.agent.interrupt()
             runtime.emitter.emit(SessionCompleted(final_message=self.last_message, exit_code=0))
             await runtime.close()
         if self._pump is not None:

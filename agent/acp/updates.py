@@ -77,6 +77,15 @@ class UpdateTranslator:
         call = self._calls.get(call_id)
         return list(call.diff) if call is not None else []
 
+    def revise(self, call_id: str, content: list[ToolContent]) -> list[SessionUpdate]:
+        """A better preview of a pending call (from the editor's text): the update that
+        shows it; its result will show it too."""
+        call = self._calls.get(call_id)
+        if call is None or not content:
+            return []
+        call.diff = list(content)
+        return [update_tool_call(call_id, content=content)]
+
     def __call__(self, event: Event) -> list[SessionUpdate]:
         if isinstance(event, TextDelta):
             return [update_agent_message_text(event.text)] if event.text else []

@@ -17,6 +17,7 @@ import pytest
 from acp import RequestError, image_block, resource_link_block, text_block
 from acp.schema import AgentMessageChunk, UsageUpdate
 
+from agent.session import SessionStore
 from tests.agent.acp.acp_client import WAIT, EditorClient, resident_acp, stderr_of
 from tests.agent.conftest import CALC
 from tests.agent.scripted_server import Reply, ScriptedServer, Status, call, wait_for
@@ -85,12 +86,11 @@ async def test_a_granted_edit_goes_through_the_editors_buffers(repo):
         "reject_once",
         "reject_always",
     }
-    diff = next(c for c in tool_call.content if c.type == "diff")
-    assert diff.path == str(calc) and "return a + b" in diff.new_text
+    fixed = unsaved.replace("return a - b  # unsaved", "return a + b")
+    diff = next(c for c in tool_call.content if c.type == "diff")  # of the buffer, not the disk
+    assert (diff.path, diff.old_text, diff.new_text) == (str(calc), unsaved, fixed)
     # ... and the change went to the editor, which saved it.
-    assert client.writes == [
-        (str(calc), unsaved.replace("return a - b  # unsaved", "return a + b"))
-    ]
+    assert client.writes == [(str(calc), fixed)]
     assert "return a + b" in calc.read_text()
     starts = client.tool_starts()
     assert [(s.kind, s.title) for s in starts] == [
@@ -137,6 +137,22 @@ async def test_cancel_stops_a_streaming_turn_and_the_session_goes_on(repo):
     assert client.text().endswith("Still here.")
     history = server.requests[1]["messages"]
     assert any("[interrupted by the user]" in (m.get("content") or "") for m in history)
+
+
+async def test_closing_stdin_mid_turn_ends_the_process_cleanly(repo):
+    client = EditorClient()
+    with ScriptedServer([Reply("Working on it", stall=True)]) as server:
+        async with resident_acp(client, server.url, repo) as agent:
+            session = await agent.conn.new_session(cwd=str(repo), mcp_servers=[])
+            turn = asyncio.create_task(prompt(agent.conn, session.session_id, "slow task"))
+            await asyncio.to_thread(wait_for, server.stalled, TIMEOUT)
+        # leaving closed its stdin with the turn still running
+        await asyncio.to_thread(wait_for, server.aborted, TIMEOUT)  # the request was dropped
+    assert agent.process.returncode == 0, stderr_of(repo)
+    with pytest.raises(ConnectionError):
+        await turn
+    events = SessionStore().open(session.session_id).load_events()
+    assert events[-1].type == "session_completed"
 
 
 async def test_cancel_while_asking_permission_denies_the_call(repo):
