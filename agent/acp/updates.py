@@ -77,6 +77,10 @@ class UpdateTranslator:
         call = self._calls.get(call_id)
         return list(call.diff) if call is not None else []
 
+    def open_calls(self) -> list[str]:
+        """Calls started and not finished, oldest first."""
+        return list(self._calls)
+
     def revise(self, call_id: str, content: list[ToolContent]) -> list[SessionUpdate]:
         """A better preview of a pending call (from the editor's text): the update that
         shows it; its result will show it too."""
@@ -171,6 +175,8 @@ def replay_updates(events: list[Event], workspace: Path) -> list[SessionUpdate]:
     updates: list[SessionUpdate] = []
     for event in events:
         updates.extend(translate(event))
+    # A call the journal never saw finish (the process was killed during it) did not.
+    updates.extend(update_tool_call(call_id, status="failed") for call_id in translate.open_calls())
     # Context use is a level, not a history: only the latest one means anything now.
     usage = [u for u in updates if isinstance(u, UsageUpdate)]
     updates = [u for u in updates if not isinstance(u, UsageUpdate)] + usage[-1:]

@@ -124,6 +124,12 @@ def test_a_replay_is_the_conversation_with_merged_text(tmp_path):
     assert shown.startswith("Edited calc.py: 1 replacement.\n```diff\n") and "+a + b" in shown
 
 
+def test_a_replayed_call_that_never_finished_is_shown_failed(tmp_path):
+    updates = replay_updates([UserMessage(text="go"), edit_call("call_9")], tmp_path)
+    assert isinstance(updates[-1], ToolCallProgress)
+    assert (updates[-1].tool_call_id, updates[-1].status) == ("call_9", "failed")
+
+
 # -- approvals ---------------------------------------------------------------------------
 
 
