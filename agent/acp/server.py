@@ -85,6 +85,11 @@ def _workspace(cwd: str) -> Path:
     return Path(os.path.realpath(path))
 
 
+def _ignore_mcp_servers(servers: list[Any] | None) -> None:
+    if servers:
+        log.warning("ignoring %d MCP server(s) from the client: not supported", len(servers))
+
+
 def _iso(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat()
 
@@ -173,10 +178,7 @@ class ResidentAgent:
         **kwargs: Any,
     ) -> NewSessionResponse:
         workspace = _workspace(cwd)
-        if mcp_servers:
-            log.warning(
-                "ignoring %d MCP server(s) from the client: not supported", len(mcp_servers)
-            )
+        _ignore_mcp_servers(mcp_servers)
         options = replace(self.options, workspace=workspace, resume=None, continue_last=False)
         session = await self._open(options, None)
         return NewSessionResponse(session_id=session.id, modes=self._modes(session))
@@ -190,6 +192,7 @@ class ResidentAgent:
         **kwargs: Any,
     ) -> LoadSessionResponse:
         workspace = _workspace(cwd)
+        _ignore_mcp_servers(mcp_servers)
         try:
             stored = SessionStore().open(session_id)
         except SessionNotFound as err:
