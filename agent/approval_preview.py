@@ -3,7 +3,9 @@
 File changes become a before/after pair of the file (a front end draws the
 diff); commands become their command line. Reading the workspace is the only
 side effect, and only inside the workspace: a path that resolves elsewhere
-gets no preview, just the request text.
+gets no preview, just the request text. A front end whose editor holds the
+file's live text (ACP) passes that text instead, so the diff is of what the
+change will really apply to.
 """
 
 from __future__ import annotations
@@ -50,31 +52,32 @@ def _read(workspace: Path, raw: str) -> str | None:
         return None
 
 
-def _edit(workspace: Path, args: dict) -> DiffPreview | None:
+def _edit(workspace: Path, args: dict, current: str | None) -> DiffPreview | None:
     path, old, new = args.get("path"), args.get("old_string"), args.get("new_string")
     if not isinstance(path, str) or not isinstance(old, str) or not isinstance(new, str):
         return None
-    text = _read(workspace, path)
+    text = current if current is not None else _read(workspace, path)
     if text and old in text:
         count = -1 if args.get("replace_all") else 1
         return DiffPreview(path, text, text.replace(old, new, count))
     return DiffPreview(path, old, new)  # the file does not match (the tool will say): the strings
 
 
-def _write(workspace: Path, args: dict) -> DiffPreview | None:
+def _write(workspace: Path, args: dict, current: str | None) -> DiffPreview | None:
     path, content = args.get("path"), args.get("content")
     if not isinstance(path, str) or not isinstance(content, str):
         return None
-    before = _read(workspace, path)
+    before = current if current is not None else _read(workspace, path)
     return DiffPreview(path, before or "", content)
 
 
-def preview(request: ApprovalRequest, workspace: Path) -> Preview:
+def preview(request: ApprovalRequest, workspace: Path, current: str | None = None) -> Preview:
+    """`current`: the file's text as the user sees it, instead of the disk's."""
     args = request.arguments
     if request.tool == "edit":
-        return _edit(workspace, args)
+        return _edit(workspace, args, current)
     if request.tool == "write":
-        return _write(workspace, args)
+        return _write(workspace, args, current)
     command = args.get("command")
     if isinstance(command, str):
         workdir = args.get("workdir")

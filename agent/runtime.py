@@ -31,6 +31,7 @@ from tools import (
     open_checkpoint_store,
 )
 from tools.checkpoints import prune
+from tools.file_access import FileAccess
 from tools.process_limits import process_cap_mechanism
 from tools.sandbox import Sandbox, SandboxSettings, SandboxUnavailable, detect_sandbox
 
@@ -138,9 +139,12 @@ async def open_runtime(
     approve: ApprovalCallback | None = None,
     client: LLMClient | None = None,
     task: str = "",
+    file_access: FileAccess | None = None,
 ) -> Runtime:
     """A ready agent, its first events (session_started, context_snapshot) emitted.
 
+    `file_access`: an editor the file tools read and write through (the ACP
+    front end passes the client's, when it offers file access).
     Raises the client's errors (unreachable server, unknown context window) and
     SessionNotFound; the caller decides the exit code.
     """
@@ -166,6 +170,7 @@ async def open_runtime(
             env_names=options.sandbox_env,
             read_only_paths=options.sandbox_read,
         ),
+        file_access=file_access,
     )
     policy = PermissionPolicy.for_context(
         tool_context, options.approval, allow=options.allow, deny=options.deny

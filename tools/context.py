@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools.file_access import FileAccess
 from tools.file_state import FileStateLedger
 from tools.sandbox import Sandbox, SandboxSettings
 
@@ -49,6 +50,8 @@ class ToolContext:
     group). `env` is the environment shell commands start from, before
     the allow-list is applied. `sandbox` is the OS sandbox shell commands run
     in; None means there is none (the permission policy then fails closed).
+    `file_access` is the editor the read, write and edit tools go through
+    when one drives the agent (tools.file_access); None: the disk.
     """
 
     workspace: Path
@@ -60,6 +63,7 @@ class ToolContext:
     use_ripgrep: bool = True
     sandbox: Sandbox | None = None
     sandbox_settings: SandboxSettings = field(default_factory=SandboxSettings)
+    file_access: FileAccess | None = None
 
     def __post_init__(self) -> None:
         self.workspace = Path(os.path.realpath(self.workspace))

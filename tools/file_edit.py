@@ -5,6 +5,8 @@ Exactness is the point: the target must appear exactly once (unless
 When it does not match, the closest lines in the file come back so the
 model can correct itself instead of guessing. Files are decoded with
 surrogateescape, so bytes that are not UTF-8 survive an edit untouched.
+With an editor attached (tools.file_access) a UTF-8 file's text is the
+editor's, and the result is written through it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pydantic import Field
 
 from tools.base import Arguments, Effect, Tool, ToolAccess, ToolResult
 from tools.context import ToolContext
+from tools.file_access import current_bytes, write_file
 from tools.file_guard import (
     modify_locked,
     newline_style,
@@ -25,9 +28,8 @@ from tools.file_guard import (
     unified_diff,
 )
 from tools.file_read import looks_binary
-from tools.file_state import FileStamp
 from tools.paths import ResolvedPath
-from tools.safe_fs import atomic_write, lstat, read_bytes
+from tools.safe_fs import lstat, read_bytes
 
 
 class EditArgs(Arguments):
@@ -124,6 +126,7 @@ class EditTool(Tool):
         data, info = read_bytes(target.root, target.relative)
         if looks_binary(data):
             return ToolResult.error(f"{target.display} is a binary file; it cannot be edited.")
+        data = current_bytes(ctx, target.real, data)
         problem = staleness_problem(ctx, target, data, info, "edit")
         if problem:
             return ToolResult.error(problem)
@@ -139,8 +142,7 @@ class EditTool(Tool):
             )
         updated = text.replace(old, new) if args.replace_all else text.replace(old, new, 1)
         payload = updated.encode("utf-8", errors="surrogateescape")
-        info = atomic_write(target.root, target.relative, payload)
-        ctx.file_states.record(target.real, FileStamp.of_bytes(payload, info))
+        ctx.file_states.record(target.real, write_file(ctx, target, payload))
         diff, cut = unified_diff(text, updated, target.display, ctx.limits.diff_max_chars)
         noun = "replacement" if count == 1 else "replacements"
         return ToolResult.success(

@@ -3,7 +3,9 @@
 The file is opened through safe_fs (a symlink may lead elsewhere inside
 the workspace, never out; a FIFO is refused without blocking) and streamed,
 so a huge file costs memory only for the window shown. Reading records the file's stamp (size, mtime, hash) so that later
-writes can tell whether it changed underneath the agent.
+writes can tell whether it changed underneath the agent. When an editor
+drives the agent (tools.file_access), a text file's content comes from the
+editor, unsaved changes included; the path checks above happen first.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pydantic import Field
 
 from tools.base import Arguments, Effect, Tool, ToolAccess, ToolResult
 from tools.context import ToolContext
+from tools.file_access import editor_view
 from tools.file_state import FileStamp
 from tools.paths import PathError, resolve_path
 from tools.safe_fs import NotRegularFileError, UnsafePathError, open_confined_file
@@ -108,7 +111,8 @@ class ReadTool(Tool):
                     path=target.display,
                 )
             handle.seek(0)
-            window, digest, size = self._scan(handle, args, ctx)
+            source = editor_view(ctx, real, handle, info.st_size) or handle
+            window, digest, size = self._scan(source, args, ctx)
         ctx.file_states.record(real, FileStamp(size=size, mtime_ns=info.st_mtime_ns, sha256=digest))
         # Cut by a cap (not by the window the model asked for) counts as truncated.
         capped = window.cut_for_size or (args.limit or 10**12) > ctx.limits.read_max_lines

@@ -1,4 +1,8 @@
-"""The `write` tool: create a file or replace one the agent has read, atomically."""
+"""The `write` tool: create a file or replace one the agent has read, atomically.
+
+With an editor attached (tools.file_access) the old content is the editor's
+and the new one is written through it.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from pydantic import Field
 
 from tools.base import Arguments, Effect, Tool, ToolAccess, ToolResult
 from tools.context import ToolContext
+from tools.file_access import current_bytes, write_file
 from tools.file_guard import (
     modify_locked,
     newline_style,
@@ -15,8 +20,7 @@ from tools.file_guard import (
     to_newline,
     unified_diff,
 )
-from tools.file_state import FileStamp
-from tools.safe_fs import atomic_write, lstat, read_bytes
+from tools.safe_fs import lstat, read_bytes
 
 
 class WriteArgs(Arguments):
@@ -48,6 +52,7 @@ class WriteTool(Tool):
             if not stat.S_ISREG(existing.st_mode):
                 return ToolResult.error(f"{target.display} exists and is not a regular file.")
             old_bytes, info = read_bytes(target.root, target.relative)
+            old_bytes = current_bytes(ctx, target.real, old_bytes)
             problem = staleness_problem(ctx, target, old_bytes, info, "overwrite")
             if problem:
                 return ToolResult.error(problem)
@@ -58,8 +63,7 @@ class WriteTool(Tool):
             data = content.encode("utf-8")
         except UnicodeEncodeError as exc:
             return ToolResult.error(f"content is not valid Unicode text: {exc.reason}")
-        info = atomic_write(target.root, target.relative, data)
-        ctx.file_states.record(target.real, FileStamp.of_bytes(data, info))
+        ctx.file_states.record(target.real, write_file(ctx, target, data))
         lines = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
         if before is None:
             return ToolResult.success(

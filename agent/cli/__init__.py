@@ -3,6 +3,7 @@
 `resident` with no subcommand opens the agent on the current repository: the
 Textual TUI (agent/tui/) on a terminal, the line-by-line REPL
 (agent/repl.py) with `--plain` or when stdin or stdout is not a terminal.
+`resident acp` serves editors over the Agent Client Protocol (agent/acp/).
 The engine's own commands (serve, plan, bench, models list/pull) live in
 engine/cli and are mounted here unchanged; `resident models calibrate` is the
 agent's (models.py), and `resident mcp` is in mcp.py. The CLI is the one
@@ -187,6 +188,59 @@ def run(
         settings=AgentSettings(max_turns=max_turns, max_tokens=max_tokens),
     )
     raise typer.Exit(run_headless(HeadlessOptions(task=task, runtime=options, json=as_json)))
+
+
+@app.command("acp")
+def acp(
+    model: str = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    attach: str = typer.Option(None, help="URL of an OpenAI-compatible server to use instead."),
+    api_key: str = typer.Option(None, envvar="RESIDENT_API_KEY", help="API key for --attach."),
+    context_window: int = typer.Option(
+        None, min=256, help="Tokens per request, for servers without /v1/engine/stats."
+    ),
+    approval: str = typer.Option(
+        "ask", help="The approval mode sessions start in (the editor can switch it)."
+    ),
+    max_turns: int = typer.Option(50, min=1, help="Model requests allowed per prompt."),
+    max_tokens: int = typer.Option(None, min=1, help="Tokens allowed per answer."),
+    allow: list[str] = typer.Option([], help="Allow rule, e.g. 'shell:pytest' (repeatable)."),
+    deny: list[str] = typer.Option([], help="Deny rule, e.g. 'shell:git push' (repeatable)."),
+    tools: str = typer.Option(None, help="Offer only these tools, e.g. 'read,grep,list'."),
+    network: bool = typer.Option(False, "--network", help=NETWORK_HELP),
+    sandbox_env: list[str] = typer.Option([], "--sandbox-env", help=SANDBOX_ENV_HELP),
+    sandbox_read: list[Path] = typer.Option([], "--sandbox-read", help=SANDBOX_READ_HELP),
+) -> None:
+    """Speak the Agent Client Protocol on stdin/stdout, for editors (Zed, JetBrains).
+
+    The editor starts this command; each session it opens is a session of the
+    repository it names, resumable here and in the TUI. Logs go to stderr.
+    """
+    from agent.acp import run_acp
+    from agent.loop import AgentSettings
+    from agent.runtime import RuntimeOptions, UnknownToolError, make_registry
+
+    mode = _check_agent_options(model, attach, approval, None, False)
+    selected = tuple(n.strip() for n in tools.split(",") if n.strip()) if tools else None
+    try:
+        make_registry(selected)
+    except UnknownToolError as err:
+        fail(str(err), code=2)
+    guard_agent_process()
+    options = RuntimeOptions(
+        model=model,
+        attach=attach,
+        api_key=api_key,
+        context_window=context_window,
+        approval=mode,
+        allow=tuple(allow),
+        deny=tuple(deny),
+        tools=selected,
+        network=network,
+        sandbox_env=tuple(sandbox_env),
+        sandbox_read=tuple(sandbox_read),
+        settings=AgentSettings(max_turns=max_turns, max_tokens=max_tokens),
+    )
+    raise typer.Exit(run_acp(options))
 
 
 @app.command("sessions")

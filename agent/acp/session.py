@@ -1,0 +1,244 @@
+"""One ACP session: a runtime, its stream of updates to the client, its turn and its cancel.
+
+The runtime's event sink is synchronous and runs on the agent's loop (the
+connection's loop too), so updates go through a queue that one task sends
+in order; before a permission request and before a prompt's answer the
+queue is drained, so the client always knows a tool call before it is asked
+about it, and has every update of a turn before the turn's stop reason.
+
+Cancelling does what Ctrl-C does in the TUI: the agent stops generating,
+a running command is killed, calls not yet run are reported to the model as
+not run, and a permission request still open is answered "denied" here
+without waiting for the client. The prompt then ends with `cancelled`, and
+the session takes the next prompt as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from acp import RequestError
+from acp.interfaces import Client
+from acp.schema import (
+    PermissionOption,
+    PromptResponse,
+    RequestPermissionResponse,
+    StopReason,
+    ToolCallUpdate,
+)
+
+from agent.acp.engines import Engines
+from agent.acp.files import ClientFiles
+from agent.acp.permissions import CANCELLED, PermissionBridge
+from agent.acp.prompt import prompt_text
+from agent.acp.tool_calls import preview_content
+from agent.acp.updates import SessionUpdate, UpdateTranslator, replay_updates
+from agent.approval_preview import preview
+from agent.commands import approval_mode, set_approval_mode
+from agent.events import Event, SessionCompleted
+from agent.loop import TaskOutcome
+from agent.runtime import Runtime, RuntimeOptions, open_runtime
+from agent.tool_runner import ApprovalAnswer, ApprovalRequest
+from tools import ApprovalMode
+from tools.paths import PathError, resolve_path
+from tools.sandbox import SandboxUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class AcpSession:
+    def __init__(self, client: Client, workspace: Path, files: ClientFiles) -> None:
+        self.client = client
+        self.workspace = workspace
+        self.files = files
+        self.translate = UpdateTranslator(workspace)
+        self.permissions = PermissionBridge(self._ask_client)
+        self.runtime: Runtime | None = None
+        self.id = ""
+        self.working = False  # a prompt turn is running
+        self.last_message = ""
+        self._cancelled = asyncio.Event()
+        self._updates: asyncio.Queue[SessionUpdate] = asyncio.Queue()
+        self._pump: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        client: Client,
+        options: RuntimeOptions,
+        engines: Engines,
+        files: ClientFiles,
+        history: list[Event] | None = None,
+    ) -> AcpSession:
+        """A new session, or (with `options.resume`) an earlier one whose journaled
+        `history` is replayed to the client before this returns."""
+        session = cls(client, options.workspace, files)
+        llm = await engines.client_for_session()
+        session.runtime = await open_runtime(
+            options,
+            [session._sink],
+            session._approve,
+            llm,
+            "",
+            file_access=files if files.offered else None,
+        )
+        session.id = files.session_id = session.runtime.session.id
+        if isinstance(session.runtime.sandbox, SandboxUnavailable):
+            log.warning(
+                "no sandbox (%s); every shell command needs approval",
+                session.runtime.sandbox.reason,
+            )
+        session._pump = asyncio.create_task(session._send_updates(), name=f"acp-{session.id}")
+        for update in replay_updates(history or [], session.workspace):
+            session._updates.put_nowait(update)
+        await session.flush()
+        return session
+
+    # -- updates -------------------------------------------------------------------
+
+    def _sink(self, event: Event) -> None:
+        for update in self.translate(event):
+            self._updates.put_nowait(update)
+
+    async def _send_updates(self) -> None:
+        while True:
+            update = await self._updates.get()
+            try:
+                await self.client.session_update(session_id=self.id, update=update)
+            except Exception as err:  # a gone client must not stop the agent's work
+                log.debug("could not send a session update: %s", err)
+            finally:
+                self._updates.task_done()
+
+    async def flush(self) -> None:
+        """Wait until every update so far has been sent."""
+        if self._pump is not None and not self._pump.done():
+            await self._updates.join()
+
+    # -- approvals -----------------------------------------------------------------
+
+    async def _ask_client(
+        self, tool_call: ToolCallUpdate, options: list[PermissionOption]
+    ) -> RequestPermissionResponse:
+        return await self.client.request_permission(
+            session_id=self.id, tool_call=tool_call, options=options
+        )
+
+    async def _preview_from_editor(self, request: ApprovalRequest) -> None:
+        """The diff of a file change from the editor's text rather than the disk's, when
+        the editor serves reads: unsaved changes are what the edit will apply to."""
+        raw = request.arguments.get("path")
+        if request.tool not in ("edit", "write") or not isinstance(raw, str):
+            return
+        if self.permissions.remembered(request) is not None:
+            return  # nobody will look at it
+        try:
+            path = resolve_path(raw, [self.workspace]).real
+        except PathError:
+            return
+        if not path.is_file():
+            return
+        text = await self.files.read_text_async(path)
+        if text is None:
+            return
+        content = preview_content(preview(request, self.workspace, text), self.workspace)
+        for update in self.translate.revise(request.call_id, content):
+            self._updates.put_nowait(update)
+
+    async def _approve(self, request: ApprovalRequest) -> ApprovalAnswer:
+        """The runtime's approval callback: the client is asked, unless the turn is
+        cancelled first."""
+        await self._preview_from_editor(request)
+        await self.flush()
+        if self._cancelled.is_set():
+            return ApprovalAnswer(False, CANCELLED)
+        content = self.translate.call_content(request.call_id)
+        asking = asyncio.ensure_future(self.permissions.approve(request, content))
+        cancelled = asyncio.ensure_future(self._cancelled.wait())
+        try:
+            done, _ = await asyncio.wait({asking, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cancelled.cancel()
+        if asking not in done:
+            asking.cancel()
+            return ApprovalAnswer(False, CANCELLED)
+        try:
+            return asking.result()
+        except Exception as err:  # the client failed to answer: nobody approved
+            log.warning("permission request failed: %s", err)
+            return ApprovalAnswer(False, f"The permission request failed ({err}).")
+
+    # -- turns -----------------------------------------------------------------------
+
+    def _agent(self):
+        if self.runtime is None:
+            raise RequestError.internal_error({"details": "the session is not open"})
+        return self.runtime.agent
+
+    async def prompt(self, blocks: list[Any]) -> PromptResponse:
+        agent = self._agent()
+        if self.working:
+            raise RequestError.invalid_request(
+                {"details": "this session is already working on a prompt; cancel it first"}
+            )
+        text = prompt_text(blocks, self.workspace)
+        self.working = True
+        self._cancelled.clear()
+        assert self.runtime is not None
+        self.runtime.session.set_title(text)
+        try:
+            outcome = await agent.run_task(text)
+        finally:
+            self.working = False
+        await self.flush()
+        self.last_message = outcome.final_message
+        if self._cancelled.is_set():
+            return PromptResponse(stop_reason="cancelled")
+        return PromptResponse(stop_reason=self._stop_reason(outcome))
+
+    def _stop_reason(self, outcome: TaskOutcome) -> StopReason:
+        if outcome.reason == "interrupted":
+            return "cancelled"
+        if outcome.reason == "max_turns":
+            return "max_turn_requests"
+        if outcome.reason == "failed":
+            # The model could not be reached or failed: the turn did not end, it broke.
+            raise RequestError(-32603, outcome.final_message, {"exitCode": outcome.exit_code})
+        finish = self.translate.last_finish_reason
+        if finish == "length":
+            return "max_tokens"
+        if finish == "content_filter":
+            return "refusal"
+        return "end_turn"
+
+    def cancel(self) -> None:
+        if not self.working:
+            return
+        self._cancelled.set()
+        self._agent().interrupt()
+
+    # -- modes and closing -----------------------------------------------------------
+
+    def approval(self) -> ApprovalMode:
+        return approval_mode(self._agent())
+
+    def set_approval(self, mode: str) -> None:
+        try:
+            set_approval_mode(self._agent(), mode)
+        except ValueError as err:
+            raise RequestError.invalid_params({"modeId": str(err)}) from None
+
+    async def close(self) -> None:
+        """End the session: an unfinished turn is interrupted, the journal completed."""
+        runtime, self.runtime = self.runtime, None
+        if runtime is not None:
+            # Also when the prompt's task was cancelled already (the connection went
+            # away): a command still running in a worker thread is killed here.
+            runtime.agent.interrupt()
+            runtime.emitter.emit(SessionCompleted(final_message=self.last_message, exit_code=0))
+            await runtime.close()
+        if self._pump is not None:
+            self._pump.cancel()
