@@ -14,18 +14,21 @@ import contextlib
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TextIO
 
-from agent.clients import ClientError, LLMClient
-from agent.events import ErrorEvent, EventEmitter, SessionCompleted
-from agent.headless_output import JsonLinesPrinter, ProgressPrinter
-from agent.loop import EXIT_DONE, EXIT_FAILED, EXIT_INTERRUPTED, TaskOutcome
-from agent.runtime import Runtime, RuntimeOptions, UnknownToolError, open_runtime
-from agent.session import SessionNotFound
+from agent.core.clients import ClientError, LLMClient
+from agent.core.events import ErrorEvent, EventEmitter, SessionCompleted
+from agent.core.loop import TaskOutcome
+from agent.core.runtime import Runtime, RuntimeOptions, UnknownToolError, open_runtime
+from agent.core.session import SessionNotFound
+from agent.event_printers import JsonLinesPrinter, ProgressPrinter
+from agent.exit_codes import EXIT_DONE, EXIT_USAGE, error_exit_code, exit_code
 from tools.sandbox import SandboxUnavailable
 
-EXIT_USAGE = 2
+# What a headless run can do about a call that needed a person's approval.
+APPROVAL_ADVICE = " Run again with --approval auto-edit or full-auto, or in the TUI to approve it."
+
 COMPACT_COMMAND = "/compact"
 
 
@@ -61,8 +64,8 @@ async def _run_task(runtime: Runtime, task: str) -> TaskOutcome:
     if task.strip() == COMPACT_COMMAND:
         done = await runtime.agent.compact()
         if done:
-            return TaskOutcome("Compacted the conversation.", EXIT_DONE, "done")
-        return TaskOutcome("Nothing was compacted.", EXIT_FAILED, "failed")
+            return TaskOutcome("Compacted the conversation.", "done")
+        return TaskOutcome("Nothing was compacted.", "failed")
     return await runtime.agent.run_task(task)
 
 
@@ -95,7 +98,7 @@ async def run_headless_async(
         runtime = await open_runtime(options.runtime, [printer], None, client, options.task)
     except ClientError as problem:
         return _fail_before_start(
-            str(problem), problem.kind, problem.exit_code, out, err, options.json
+            str(problem), problem.kind, error_exit_code(problem.kind), out, err, options.json
         )
     except (SessionNotFound, UnknownToolError) as problem:
         return _fail_before_start(str(problem), "usage", EXIT_USAGE, out, err, options.json)
@@ -109,19 +112,20 @@ async def run_headless_async(
     try:
         outcome = await _run_task(runtime, options.task)
     except asyncio.CancelledError:
-        outcome = TaskOutcome("Interrupted.", EXIT_INTERRUPTED, "interrupted")
+        outcome = TaskOutcome("Interrupted.", "interrupted")
     finally:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
-    runtime.emitter.emit(
-        SessionCompleted(final_message=outcome.final_message, exit_code=outcome.exit_code)
-    )
+    if outcome.reason == "approval":
+        outcome = replace(outcome, final_message=outcome.final_message + APPROVAL_ADVICE)
+    code = exit_code(outcome)
+    runtime.emitter.emit(SessionCompleted(final_message=outcome.final_message, exit_code=code))
     await runtime.close()
-    if not options.json and not (outcome.exit_code == EXIT_DONE and _same_terminal(out, err)):
+    if not options.json and not (code == EXIT_DONE and _same_terminal(out, err)):
         # On one terminal the streamed text already showed the answer; a pipe still gets it.
         out.write(outcome.final_message.rstrip("\n") + "\n")
         out.flush()
-    return outcome.exit_code
+    return code
 
 
 def run_headless(options: HeadlessOptions, client: LLMClient | None = None) -> int:

@@ -9,7 +9,7 @@ Two threads: the terminal (prompts, approval questions, Ctrl-C) is the main
 thread, so a blocking `input()` never stands in the agent's way and Ctrl-C
 arrives as KeyboardInterrupt where it is read; the agent runs on an asyncio
 loop in a second thread (agent/agent_thread.py). Approval requests cross over
-through a queue; what the commands do is shared with the TUI (agent/commands.py).
+through a queue; what the commands do is shared with the TUI (agent/core/commands.py).
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TextIO, TypeVar
 
 from agent.agent_thread import AgentThread
-from agent.clients import ClientError, LLMClient
-from agent.commands import SessionApprovals, mcp_report, reopen_runtime, undo_summary
-from agent.events import Event, SessionCompleted, Usage
-from agent.headless import EXIT_USAGE
-from agent.headless_output import ProgressPrinter
-from agent.loop import EXIT_INTERRUPTED, TaskOutcome
-from agent.runtime import Runtime, RuntimeOptions, UnknownToolError, open_runtime
-from agent.session import SessionNotFound
-from agent.tool_runner import ApprovalAnswer, ApprovalRequest
+from agent.core.clients import ClientError, LLMClient
+from agent.core.commands import SessionApprovals, mcp_report, reopen_runtime, undo_summary
+from agent.core.events import Event, SessionCompleted, Usage
+from agent.core.loop import TaskOutcome
+from agent.core.runtime import Runtime, RuntimeOptions, UnknownToolError, open_runtime
+from agent.core.session import SessionNotFound
+from agent.core.tool_runner import ApprovalAnswer, ApprovalRequest
+from agent.event_printers import ProgressPrinter
+from agent.exit_codes import EXIT_INTERRUPTED, EXIT_USAGE, error_exit_code
 
 T = TypeVar("T")
 PROMPT = "> "
@@ -116,7 +116,7 @@ class Repl:
                 self.runtime = self.worker.run(self._open(self.options, self.client))
             except ClientError as problem:
                 self.say(f"error: {problem}")
-                return problem.exit_code
+                return error_exit_code(problem.kind)
             except (SessionNotFound, UnknownToolError) as problem:
                 self.say(f"error: {problem}")
                 return EXIT_USAGE
@@ -220,7 +220,7 @@ class Repl:
         if outcome is None:
             return
         self.last_message = outcome.final_message
-        if outcome.exit_code == EXIT_INTERRUPTED:
+        if outcome.reason == "interrupted":
             self.say("[interrupted]")
 
     def _work(self, coro: Coroutine[Any, Any, T], interruptible: bool = True) -> T | None:

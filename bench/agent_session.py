@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.clients import start_local_client
-from agent.events import Event
-from agent.loop import AgentSettings
-from agent.runtime import DEFAULT_MODEL, RuntimeOptions, open_runtime
+from agent.core.clients import start_local_client
+from agent.core.events import Event
+from agent.core.loop import AgentSettings
+from agent.core.runtime import DEFAULT_MODEL, RuntimeOptions, open_runtime
 from tools import ApprovalMode
 
 TARGET_SHARE = 0.9

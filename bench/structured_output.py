@@ -6,7 +6,7 @@ through the engine's chat renderer, answered by the default model greedily
 and sampled (temperature 1.0, seed = task index), in three situations:
 
 - `unforced`: the model decides whether to call. Without constraint (the
-  agent before) and with the agent's constraint (agent/clients/structured.py:
+  agent before) and with the agent's constraint (agent/core/clients/structured.py:
   free text, but a call the model opens must be completed validly).
 - `opened`: the assistant turn already begins `<tool_call>` (the prompt ends
   with it): how often a call the model has started comes out malformed,
@@ -40,7 +40,7 @@ import time
 
 import torch
 
-from agent.clients.structured import tool_call_constraint
+from agent.core.clients.structured import tool_call_constraint
 from engine import LLM, SamplingParams
 from engine.grammar import StructuredOutput
 from engine.grammar import masks as grammar_masks

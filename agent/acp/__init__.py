@@ -1,7 +1,7 @@
 """The Agent Client Protocol front end: `resident acp`, for editors (Zed, JetBrains).
 
 A front end like the TUI, the line REPL and headless: it opens runtimes
-(agent/runtime.py) and translates the agent's events into the protocol,
+(agent/core/runtime.py) and translates the agent's events into the protocol,
 with no agent logic of its own. The pieces:
 
 - stdio.py        the process: stdout kept for the protocol, the connection, shutdown

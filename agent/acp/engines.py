@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from agent.clients import ChatRequest, LLMClient, StreamItem, start_local_client
-from agent.runtime import DEFAULT_MODEL, RuntimeOptions
+from agent.core.clients import ChatRequest, LLMClient, StreamItem, start_local_client
+from agent.core.runtime import DEFAULT_MODEL, RuntimeOptions
 
 
 class SharedClient(LLMClient):

@@ -29,8 +29,8 @@ from acp.schema import (
 )
 
 from agent.acp.tool_calls import ToolContent, tool_kind, tool_title
-from agent.commands import SessionApprovals
-from agent.tool_runner import ApprovalAnswer, ApprovalRequest
+from agent.core.commands import SessionApprovals
+from agent.core.tool_runner import ApprovalAnswer, ApprovalRequest
 
 ALLOW_ONCE = "allow-once"
 ALLOW_ALWAYS = "allow-always"

@@ -47,10 +47,10 @@ from acp.schema import (
 from agent.acp.engines import Engines
 from agent.acp.files import ClientFiles
 from agent.acp.session import AcpSession
-from agent.clients import ClientError
-from agent.events import Event
-from agent.runtime import RuntimeOptions, UnknownToolError
-from agent.session import SessionNotFound, SessionStore
+from agent.core.clients import ClientError
+from agent.core.events import Event
+from agent.core.runtime import RuntimeOptions, UnknownToolError
+from agent.core.session import SessionNotFound, SessionStore
 
 log = logging.getLogger(__name__)
 

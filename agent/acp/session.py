@@ -36,12 +36,12 @@ from agent.acp.permissions import CANCELLED, PermissionBridge
 from agent.acp.prompt import prompt_text
 from agent.acp.tool_calls import preview_content
 from agent.acp.updates import SessionUpdate, UpdateTranslator, replay_updates
-from agent.approval_preview import preview
-from agent.commands import approval_mode, set_approval_mode
-from agent.events import Event, SessionCompleted
-from agent.loop import TaskOutcome
-from agent.runtime import Runtime, RuntimeOptions, open_runtime
-from agent.tool_runner import ApprovalAnswer, ApprovalRequest
+from agent.core.approval_preview import preview
+from agent.core.commands import approval_mode, set_approval_mode
+from agent.core.events import Event, SessionCompleted
+from agent.core.loop import TaskOutcome
+from agent.core.runtime import Runtime, RuntimeOptions, open_runtime
+from agent.core.tool_runner import ApprovalAnswer, ApprovalRequest
 from tools import ApprovalMode
 from tools.paths import PathError, resolve_path
 from tools.sandbox import SandboxUnavailable
@@ -206,7 +206,7 @@ class AcpSession:
             return "max_turn_requests"
         if outcome.reason == "failed":
             # The model could not be reached or failed: the turn did not end, it broke.
-            raise RequestError(-32603, outcome.final_message, {"exitCode": outcome.exit_code})
+            raise RequestError(-32603, outcome.final_message, {"kind": outcome.error_kind})
         finish = self.translate.last_finish_reason
         if finish == "length":
             return "max_tokens"

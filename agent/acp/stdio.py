@@ -19,7 +19,7 @@ import sys
 from acp import run_agent
 
 from agent.acp.server import ResidentAgent
-from agent.runtime import RuntimeOptions
+from agent.core.runtime import RuntimeOptions
 
 log = logging.getLogger(__name__)
 

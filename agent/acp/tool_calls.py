@@ -15,7 +15,7 @@ from typing import Any
 from acp import text_block, tool_content, tool_diff_content
 from acp.schema import ToolCallLocation, ToolKind
 
-from agent.approval_preview import CommandPreview, DiffPreview, Preview
+from agent.core.approval_preview import CommandPreview, DiffPreview, Preview
 
 # The client's icons and grouping; MCP and unknown tools are "other".
 TOOL_KINDS: dict[str, ToolKind] = {

@@ -39,8 +39,8 @@ from agent.acp.tool_calls import (
     tool_locations,
     tool_title,
 )
-from agent.approval_preview import preview
-from agent.events import (
+from agent.core.approval_preview import preview
+from agent.core.events import (
     ApprovalResolved,
     Compaction,
     ErrorEvent,
@@ -53,7 +53,7 @@ from agent.events import (
     Usage,
     UserMessage,
 )
-from agent.tool_runner import ApprovalRequest
+from agent.core.tool_runner import ApprovalRequest
 
 SessionUpdate = Any  # one of acp's session update models
 

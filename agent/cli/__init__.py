@@ -21,7 +21,7 @@ import typer
 
 from agent.cli.mcp import mcp_app
 from agent.cli.models import models_app
-from agent.process_guard import guard_agent_process
+from agent.core.process_guard import guard_agent_process
 from engine.cli import bench_app, plan_command, serve
 from engine.cli.common import MODEL_HELP, fail
 
@@ -94,7 +94,7 @@ def main(
     if ctx.invoked_subcommand is not None:
         logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
         return
-    from agent.runtime import RuntimeOptions
+    from agent.core.runtime import RuntimeOptions
     from engine.errors import EngineError
 
     mode = _check_agent_options(model, attach, approval, resume, continue_last)
@@ -114,7 +114,7 @@ def main(
     use_tui = not plain and _on_terminal()
     if use_tui:
         # Log lines would tear the screen: they go to a file in the data directory.
-        from agent.session import data_dir
+        from agent.core.session import data_dir
 
         log_file = data_dir() / "resident.log"
         log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -161,9 +161,9 @@ def run(
     sandbox_read: list[Path] = typer.Option([], "--sandbox-read", help=SANDBOX_READ_HELP),
 ) -> None:
     """Run one task headless; exit 0 done, 1 failed, 2 usage, 3 approval, 75 transient, 130."""
+    from agent.core.loop import AgentSettings
+    from agent.core.runtime import RuntimeOptions
     from agent.headless import HeadlessOptions, run_headless
-    from agent.loop import AgentSettings
-    from agent.runtime import RuntimeOptions
 
     if task == "-":
         task = sys.stdin.read()
@@ -216,8 +216,8 @@ def acp(
     repository it names, resumable here and in the TUI. Logs go to stderr.
     """
     from agent.acp import run_acp
-    from agent.loop import AgentSettings
-    from agent.runtime import RuntimeOptions, UnknownToolError, make_registry
+    from agent.core.loop import AgentSettings
+    from agent.core.runtime import RuntimeOptions, UnknownToolError, make_registry
 
     mode = _check_agent_options(model, attach, approval, None, False)
     selected = tuple(n.strip() for n in tools.split(",") if n.strip()) if tools else None
@@ -253,7 +253,7 @@ def sessions(
     import os
     from pathlib import Path
 
-    from agent.session import SessionStore
+    from agent.core.session import SessionStore
 
     workspace = None if all_workspaces else Path(os.path.realpath(Path.cwd()))
     metas = SessionStore().list(workspace)

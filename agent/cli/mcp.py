@@ -29,9 +29,9 @@ def mcp_list(
     Each server is started as a session would start it (in the sandbox), listed and stopped.
     Exit code 1 when a config file has a problem.
     """
-    from agent.mcp.config import load_config
-    from agent.mcp.manager import McpManager
-    from agent.mcp.report import status_json, status_lines
+    from agent.core.mcp.config import load_config
+    from agent.core.mcp.manager import McpManager
+    from agent.core.mcp.report import status_json, status_lines
     from tools import default_tools
     from tools.sandbox import Sandbox, detect_sandbox
 

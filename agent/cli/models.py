@@ -1,7 +1,7 @@
 """`resident models`: the engine's list and pull, and calibrating FP8 KV scales on a repository.
 
 Calibration is the agent's: it measures on the files the resident snapshot
-would take (agent/context/selection.py), so it lives here, beside the
+would take (agent/core/context/selection.py), so it lives here, beside the
 engine's own model commands (engine/cli/models.py).
 """
 
@@ -24,7 +24,7 @@ models_app.registered_commands.extend(engine_models_app.registered_commands)
 def _calibration_texts(paths: list[Path]) -> list[str]:
     """The texts of the files under `paths` as the resident snapshot would take them
     (ignored, binary, generated and oversized files left out)."""
-    from agent.context.selection import DEFAULT_MAX_FILE_BYTES, read_candidate, select_files
+    from agent.core.context.selection import DEFAULT_MAX_FILE_BYTES, read_candidate, select_files
 
     texts: list[str] = []
     for path in paths:

@@ -19,8 +19,8 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer
 
-from agent.clients import ClientError, LLMClient, TransientError
-from agent.events import (
+from agent.core.clients import ClientError, LLMClient, TransientError
+from agent.core.events import (
     ApprovalRequested,
     ApprovalResolved,
     ContextSnapshot,
@@ -30,9 +30,9 @@ from agent.events import (
     ToolResultEvent,
     TurnStarted,
 )
-from agent.loop import EXIT_INTERRUPTED
-from agent.runtime import RuntimeOptions, UnknownToolError
-from agent.session import SessionNotFound
+from agent.core.runtime import RuntimeOptions, UnknownToolError
+from agent.core.session import SessionNotFound
+from agent.exit_codes import EXIT_FAILED, EXIT_USAGE, error_exit_code
 from agent.tui.bridge import AgentBridge
 from agent.tui.connection import DEFAULT_DELAYS_S, ConnectionWatcher
 from agent.tui.messages import AgentEvent, ApprovalNeeded, EngineInfo, History
@@ -143,14 +143,14 @@ class ResidentApp(App[int]):
                 break
             except TransientError as err:
                 if not attached:
-                    return await self._failed_start(err, err.kind, err.exit_code)
+                    return await self._failed_start(err, err.kind, error_exit_code(err.kind))
                 await self.connection.wait_until_back()
             except ClientError as err:
-                return await self._failed_start(err, err.kind, err.exit_code)
+                return await self._failed_start(err, err.kind, error_exit_code(err.kind))
             except (SessionNotFound, UnknownToolError) as err:
-                return await self._failed_start(err, "usage", 2)
+                return await self._failed_start(err, "usage", EXIT_USAGE)
             except Exception as err:  # e.g. the engine could not load the model
-                return await self._failed_start(err, "engine", 1)
+                return await self._failed_start(err, "engine", EXIT_FAILED)
         self.ready = True
         self.indicator.stop()
         self.status.set_approval(self.bridge.approval_mode().value)
@@ -239,7 +239,7 @@ class ResidentApp(App[int]):
         self.indicator.start(WORKING)
         try:
             outcome = await self.bridge.run_task(text)
-            if outcome.exit_code == EXIT_INTERRUPTED:
+            if outcome.reason == "interrupted":
                 await self.conversation.note_interrupted()
         except asyncio.CancelledError:
             raise

@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 from textual.message import Message
 
 from agent.agent_thread import AgentThread
-from agent.approval_preview import preview
-from agent.clients import LLMClient
-from agent.commands import (
+from agent.core.approval_preview import preview
+from agent.core.clients import LLMClient
+from agent.core.commands import (
     SessionApprovals,
     WorkspaceDiff,
     list_sessions,
@@ -31,13 +31,13 @@ from agent.commands import (
     set_approval_mode,
     workspace_diff,
 )
-from agent.context_report import ContextReport, context_report
-from agent.engine_facts import engine_facts, reachable
-from agent.events import Event, SessionCompleted
-from agent.loop import TaskOutcome
-from agent.runtime import Runtime, RuntimeOptions, open_runtime
-from agent.session import SessionMeta, SessionStore
-from agent.tool_runner import ApprovalAnswer, ApprovalRequest
+from agent.core.context_report import ContextReport, context_report
+from agent.core.engine_facts import engine_facts, reachable
+from agent.core.events import Event, SessionCompleted
+from agent.core.loop import TaskOutcome
+from agent.core.runtime import Runtime, RuntimeOptions, open_runtime
+from agent.core.session import SessionMeta, SessionStore
+from agent.core.tool_runner import ApprovalAnswer, ApprovalRequest
 from agent.tui.messages import AgentEvent, ApprovalNeeded, EngineInfo, History
 from tools import ApprovalMode, RestoreReport
 

@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.commands import APPROVAL_MODES, SLASH_COMMANDS
+from agent.core.commands import APPROVAL_MODES, SLASH_COMMANDS
 
 MAX_ITEMS = 30
 AT_PATH = re.compile(r"(?:^|\s)@([^\s@]*)$")

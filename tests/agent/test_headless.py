@@ -133,7 +133,7 @@ def test_retries_503_and_429_then_succeeds(repo):
 
 
 def test_unreachable_server_exits_75(repo, monkeypatch):
-    from agent.clients import http
+    from agent.core.clients import http
 
     monkeypatch.setattr(http, "DEFAULT_RETRY", http.RetryPolicy(base_delay_s=0.01))
     result = run_cli("hi", "--attach", "http://127.0.0.1:9", "--json")

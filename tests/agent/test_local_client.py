@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.clients import ChatRequest, Completion, TextChunk, ToolCallChunk
-from agent.clients.local import LocalClient
+from agent.core.clients import ChatRequest, Completion, TextChunk, ToolCallChunk
+from agent.core.clients.local import LocalClient
 from engine.outputs import CompletionOutput, RequestOutput
 from tests.agent.helpers import run_cli
 from tests.engine.checkpoints import save_tokenizer, tiny_llama

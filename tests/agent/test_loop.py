@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from agent.events import Event
-from agent.runtime import RuntimeOptions, open_runtime
-from agent.tool_runner import ApprovalAnswer, ApprovalRequest
+from agent.core.events import Event
+from agent.core.runtime import RuntimeOptions, open_runtime
+from agent.core.tool_runner import ApprovalAnswer, ApprovalRequest
 from tests.agent.scripted_server import (
     CutMidToolCall,
     Garbage,
@@ -69,7 +69,7 @@ def test_approved_by_the_user(repo):
         return outcome, events
 
     outcome, events = asyncio.run(scenario())
-    assert outcome.exit_code == 0
+    assert outcome.reason == "done"
     assert asked[0].tool == "edit" and asked[0].arguments["path"] == "calc.py"
     assert "return a + b" in (repo / "calc.py").read_text()
     order = [t for t in types(events) if t.startswith(("tool", "approval", "checkpoint"))]
@@ -94,7 +94,7 @@ def test_denied_by_the_user_tells_the_model(repo):
             return outcome, events, server.requests
 
     outcome, events, requests = asyncio.run(scenario())
-    assert outcome.exit_code == 0
+    assert outcome.reason == "done"
     assert "return a - b" in (repo / "calc.py").read_text()
     told = requests[1]["messages"][-1]
     assert told["role"] == "tool" and "denied" in told["content"]
@@ -119,7 +119,7 @@ def test_malformed_tool_call_becomes_a_tool_error(repo, tool_call, expected):
             return outcome, events, server.requests
 
     outcome, events, requests = asyncio.run(scenario())
-    assert outcome.exit_code == 0
+    assert outcome.reason == "done"
     result = next(e for e in events if e.type == "tool_result")
     assert not result.ok and expected in result.output
     history = requests[1]["messages"][1:]
@@ -165,8 +165,8 @@ def test_interrupt_during_generation(repo):
             return outcome, after, events, server.requests
 
     outcome, after, events, requests = asyncio.run(scenario())
-    assert outcome.exit_code == 130
-    assert after.exit_code == 0 and after.final_message == "Next."
+    assert outcome.reason == "interrupted"
+    assert after.reason == "done" and after.final_message == "Next."
     completed = [e.finish_reason for e in events if e.type == "turn_completed"]
     assert completed == ["interrupted", "stop"]
     history = requests[1]["messages"][1:]
@@ -192,7 +192,7 @@ def test_interrupt_kills_a_running_command(repo):
             return outcome, events, messages
 
     outcome, events, messages = asyncio.run(scenario())
-    assert outcome.exit_code == 130
+    assert outcome.reason == "interrupted"
     results = [e for e in events if e.type == "tool_result"]
     assert len(results) == 2 and "Not run" in results[1].output
     assert_consistent(messages)
@@ -208,7 +208,7 @@ def test_stream_cut_mid_tool_call_leaves_history_clean(repo):
             return outcome, events, messages
 
     outcome, events, messages = asyncio.run(scenario())
-    assert outcome.exit_code == 75
+    assert (outcome.reason, outcome.error_kind) == ("failed", "transient")
     assert "middle of a tool call" in outcome.final_message
     assert messages == [{"role": "user", "content": "read"}]
     assert "tool_call" not in types(events)
@@ -223,14 +223,14 @@ def test_garbage_from_the_server_fails_cleanly(repo):
             return outcome, events
 
     outcome, events = asyncio.run(scenario())
-    assert outcome.exit_code == 1
+    assert outcome.reason == "failed"
     assert "not JSON" in outcome.final_message
     assert events[-2].type == "error" and events[-1].type == "turn_completed"
 
 
 def test_native_markup_that_fails_to_parse_is_reported_to_the_model(repo):
     """A ToolCallProblem (local parsers) with no call: the model hears why, the loop goes on."""
-    from agent.clients import Completion, ToolCallProblem
+    from agent.core.clients import Completion, ToolCallProblem
 
     async def scenario():
         with ScriptedServer([Reply("ok")]) as server:
@@ -254,7 +254,7 @@ def test_native_markup_that_fails_to_parse_is_reported_to_the_model(repo):
             return outcome, server.requests
 
     outcome, requests = asyncio.run(scenario())
-    assert outcome.exit_code == 0
+    assert outcome.reason == "done"
     note = requests[0]["messages"][-1]
     assert note["role"] == "user" and "could not be understood" in note["content"]
 

@@ -9,8 +9,8 @@ import threading
 from typer.testing import CliRunner
 
 from agent.cli import app
+from agent.core.runtime import RuntimeOptions
 from agent.repl import Repl
-from agent.runtime import RuntimeOptions
 from tests.agent.scripted_server import Reply, ScriptedServer, call, wait_for, wait_until
 
 EDIT = call("edit", path="calc.py", old_string="return a - b", new_string="return a + b")
@@ -105,7 +105,7 @@ def test_clear_starts_a_new_session(repo):
 
 
 def test_unreachable_server_exits_75(repo, monkeypatch):
-    from agent.clients import http
+    from agent.core.clients import http
 
     monkeypatch.setattr(http, "DEFAULT_RETRY", http.RetryPolicy(base_delay_s=0.01))
     result = repl("http://127.0.0.1:9", "")

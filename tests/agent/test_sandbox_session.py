@@ -49,7 +49,7 @@ def test_read_only_mode_offers_no_shell_without_a_sandbox(repo, monkeypatch):
 
 _GUARDED = """
 import ctypes, json, os, subprocess, sys
-from agent.process_guard import guard_agent_process
+from agent.core.process_guard import guard_agent_process
 guard_agent_process()
 libc = ctypes.CDLL(None)
 child = subprocess.run(["env"], capture_output=True, text=True).stdout

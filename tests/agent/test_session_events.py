@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typing
 
-from agent.events import (
+from agent.core.events import (
     AnyEvent,
     EventEmitter,
     SessionCompleted,
@@ -13,7 +13,7 @@ from agent.events import (
     TurnCompleted,
     parse_event,
 )
-from agent.session import SessionStore
+from agent.core.session import SessionStore
 
 
 def test_every_event_type_is_distinct_and_round_trips():

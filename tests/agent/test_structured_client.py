@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.clients import ChatRequest
-from agent.clients.local import LocalClient
-from agent.clients.structured import tool_call_constraint
+from agent.core.clients import ChatRequest
+from agent.core.clients.local import LocalClient
+from agent.core.clients.structured import tool_call_constraint
 from tests.agent.test_local_client import TOOLS, FakeEngine, collect
 from tests.engine.checkpoints import save_tokenizer
 

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.clients import ChatRequest, ToolCallChunk
-from agent.clients.local import LocalClient
+from agent.core.clients import ChatRequest, ToolCallChunk
+from agent.core.clients.local import LocalClient
 from engine import LLM, SamplingParams
 from engine.model_store import default_model_dir
 from engine.server.app import create_app

@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from agent.clients import ToolCallChunk
-from agent.events import EventEmitter
-from agent.tool_runner import ApprovalAnswer, ApprovalRequest, ToolRunner
+from agent.core.clients import ToolCallChunk
+from agent.core.events import EventEmitter
+from agent.core.tool_runner import ApprovalAnswer, ApprovalRequest, ToolRunner
 from tests.tools.conftest import commit_all, git
 from tools import default_registry
 from tools.base import Registry, ToolResult

@@ -9,7 +9,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
-from agent.context_report import ContextReport
+from agent.core.context_report import ContextReport
 from agent.tui.format import tokens
 from agent.tui.widgets.status_bar import meter
 

@@ -13,7 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from agent.session import SessionMeta
+from agent.core.session import SessionMeta
 
 
 def describe(meta: SessionMeta, current: str) -> Text:

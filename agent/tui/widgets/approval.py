@@ -14,8 +14,8 @@ from textual.containers import Horizontal, VerticalGroup
 from textual.message import Message
 from textual.widgets import Button, Input, Static
 
-from agent.approval_preview import CommandPreview, DiffPreview, Preview
-from agent.tool_runner import ApprovalAnswer, ApprovalRequest
+from agent.core.approval_preview import CommandPreview, DiffPreview, Preview
+from agent.core.tool_runner import ApprovalAnswer, ApprovalRequest
 from agent.tui.widgets.diff_block import DiffBlock
 
 

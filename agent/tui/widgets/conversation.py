@@ -14,8 +14,8 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Collapsible, Static
 
-from agent.approval_preview import Preview
-from agent.events import (
+from agent.core.approval_preview import Preview
+from agent.core.events import (
     ApprovalRequested,
     ApprovalResolved,
     CheckpointTaken,
@@ -35,7 +35,7 @@ from agent.events import (
     Usage,
     UserMessage,
 )
-from agent.tool_runner import ApprovalRequest
+from agent.core.tool_runner import ApprovalRequest
 from agent.tui.format import tokens
 from agent.tui.widgets.approval import ApprovalPrompt
 from agent.tui.widgets.assistant import AssistantBlock

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-# What a person can do about each kind of error event (agent/events.py ErrorEvent.kind).
+# What a person can do about each kind of error event (agent/core/events.py ErrorEvent.kind).
 NEXT_STEPS = {
     "transient": "The engine did not answer. Resident keeps checking; send the message again "
     "once it is back (↑ recalls it).",

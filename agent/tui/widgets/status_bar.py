@@ -15,8 +15,8 @@ from collections.abc import Callable
 from rich.text import Text
 from textual.widgets import Static
 
-from agent.engine_facts import EngineFacts
-from agent.events import (
+from agent.core.engine_facts import EngineFacts
+from agent.core.events import (
     ContextSnapshot,
     Event,
     ReasoningDelta,

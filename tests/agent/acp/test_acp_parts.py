@@ -31,8 +31,8 @@ from agent.acp import engines
 from agent.acp.permissions import PermissionBridge
 from agent.acp.prompt import prompt_text
 from agent.acp.updates import UpdateTranslator, replay_updates
-from agent.clients import LLMClient
-from agent.events import (
+from agent.core.clients import LLMClient
+from agent.core.events import (
     ApprovalResolved,
     ErrorEvent,
     TextDelta,
@@ -42,8 +42,8 @@ from agent.events import (
     Usage,
     UserMessage,
 )
-from agent.runtime import RuntimeOptions
-from agent.tool_runner import ApprovalRequest
+from agent.core.runtime import RuntimeOptions
+from agent.core.tool_runner import ApprovalRequest
 from tests.agent.acp.acp_client import ROOT
 
 EDIT_ARGS = {"path": "calc.py", "old_string": "a - b", "new_string": "a + b"}

@@ -17,7 +17,7 @@ import pytest
 from acp import RequestError, image_block, resource_link_block, text_block
 from acp.schema import AgentMessageChunk, UsageUpdate
 
-from agent.session import SessionStore
+from agent.core.session import SessionStore
 from tests.agent.acp.acp_client import WAIT, EditorClient, resident_acp, stderr_of
 from tests.agent.conftest import CALC
 from tests.agent.scripted_server import Reply, ScriptedServer, Status, call, wait_for

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.mcp.config import McpConfig, load_config, user_config_file
-from agent.mcp.manager import McpManager
+from agent.core.mcp.config import McpConfig, load_config, user_config_file
+from agent.core.mcp.manager import McpManager
 from tools import default_tools
 from tools.sandbox import Sandbox, detect_sandbox
 

@@ -10,9 +10,9 @@ import json
 from typer.testing import CliRunner
 
 from agent.cli import app
-from agent.events import Event
-from agent.runtime import RuntimeOptions, open_runtime
-from agent.tool_runner import ApprovalAnswer, ApprovalRequest
+from agent.core.events import Event
+from agent.core.runtime import RuntimeOptions, open_runtime
+from agent.core.tool_runner import ApprovalAnswer, ApprovalRequest
 from tests.agent.helpers import attached, run_cli
 from tests.agent.mcp.helpers import demo_entry, processes_naming, write_user_config
 from tests.agent.scripted_server import Reply, ScriptedServer, call
@@ -58,7 +58,7 @@ def test_the_model_calls_mcp_tools_with_approval_and_survives_a_crash(repo, tmp_
             return outcome, events, server.requests, report
 
     outcome, events, requests, report = asyncio.run(scenario())
-    assert outcome.exit_code == 0 and outcome.final_message == "Done."
+    assert outcome.reason == "done" and outcome.final_message == "Done."
     names = tool_names(requests[0])
     assert names == sorted(names)  # built-ins and MCP tools, by name: a stable prefix
     assert {"read", "shell", "mcp__demo__echo", "mcp__demo__read"} <= set(names)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import process_guard
-from agent.mcp.config import load_config
-from agent.mcp.launch import LaunchRefused, sandbox_label, stdio_parameters
+from agent.core import process_guard
+from agent.core.mcp.config import load_config
+from agent.core.mcp.launch import LaunchRefused, sandbox_label, stdio_parameters
 from tests.agent.mcp.helpers import write_config
 from tools.sandbox import Sandbox, SandboxSettings
 

@@ -1,4 +1,4 @@
-"""Real MCP servers (the SDK's, tests/agent/mcp/demo_server.py) over stdio and HTTP:
+"""Real MCP servers (the SDK's, tests/agent/core/mcp/demo_server.py) over stdio and HTTP:
 listing, calls, errors, a hang, a crash, a bad command, a slow start, the sandbox, stopping."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.mcp.connection import CallFailed
-from agent.mcp.status import State
-from agent.mcp.tool import McpTool
+from agent.core.mcp.connection import CallFailed
+from agent.core.mcp.status import State
+from agent.core.mcp.tool import McpTool
 from tests.agent.mcp.helpers import (
     alive,
     copy_demo,

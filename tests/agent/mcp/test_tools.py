@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import mcp_types as types
 
-from agent.mcp.catalog import ToolCatalog
-from agent.mcp.connection import _offer
-from agent.mcp.names import MAX_NAME, server_prefix, tool_name
-from agent.mcp.results import convert
-from agent.mcp.status import OfferedTool, ServerStatus, State
-from agent.mcp.tool import McpTool
+from agent.core.mcp.catalog import ToolCatalog
+from agent.core.mcp.connection import _offer
+from agent.core.mcp.names import MAX_NAME, server_prefix, tool_name
+from agent.core.mcp.results import convert
+from agent.core.mcp.status import OfferedTool, ServerStatus, State
+from agent.core.mcp.tool import McpTool
 from tools import Registry, default_tools
 from tools.base import ToolAccess
 
@@ -136,8 +136,8 @@ def test_the_catalog_never_replaces_a_tool_already_there():
 
 
 def test_what_slash_mcp_and_mcp_list_print(tmp_path):
-    from agent.mcp.config import ConfigProblem
-    from agent.mcp.report import status_lines
+    from agent.core.mcp.config import ConfigProblem
+    from agent.core.mcp.report import status_lines
 
     ready = replace(
         status("demo", State.READY, offered("echo"), offered("add")), skipped=("x: clash",)

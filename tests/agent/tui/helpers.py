@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from textual.pilot import Pilot
 
-from agent.runtime import RuntimeOptions
+from agent.core.runtime import RuntimeOptions
 from agent.tui import ResidentApp
 from tests.agent.scripted_server import ScriptedServer
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from agent.approval_preview import DiffPreview
-from agent.context_report import ContextReport, FileTokens
-from agent.engine_facts import EngineFacts
-from agent.events import (
+from agent.core.approval_preview import DiffPreview
+from agent.core.context_report import ContextReport, FileTokens
+from agent.core.engine_facts import EngineFacts
+from agent.core.events import (
     ApprovalRequested,
     ApprovalResolved,
     CheckpointTaken,
@@ -30,8 +30,8 @@ from agent.events import (
     Usage,
     UserMessage,
 )
-from agent.runtime import RuntimeOptions
-from agent.tool_runner import ApprovalRequest
+from agent.core.runtime import RuntimeOptions
+from agent.core.tool_runner import ApprovalRequest
 from agent.tui import ResidentApp
 from agent.tui.bridge import AgentBridge
 from agent.tui.messages import AgentEvent, ApprovalNeeded, EngineInfo

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.clients import http
+from agent.core.clients import http
 from agent.tui.widgets.banner import ConnectionBanner
 from agent.tui.widgets.notes import ErrorNote
 from tests.agent.scripted_server import Reply

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.commands import SLASH_COMMANDS
+from agent.core.commands import SLASH_COMMANDS
 from agent.tui.help import KEYS, help_markdown
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "TUI.md"

@@ -1,15 +1,15 @@
 """The TUI's pieces that need no screen: diff parsing, approval previews, the status line,
-and the shared command helpers (agent/commands.py) the REPL uses too."""
+and the shared command helpers (agent/core/commands.py) the REPL uses too."""
 
 from __future__ import annotations
 
 import difflib
 
-from agent.approval_preview import CommandPreview, DiffPreview, preview
-from agent.commands import SessionApprovals, undo_summary
-from agent.engine_facts import EngineFacts
-from agent.events import ContextSnapshot, SessionStarted, TextDelta, TurnStarted, Usage
-from agent.tool_runner import ApprovalRequest
+from agent.core.approval_preview import CommandPreview, DiffPreview, preview
+from agent.core.commands import SessionApprovals, undo_summary
+from agent.core.engine_facts import EngineFacts
+from agent.core.events import ContextSnapshot, SessionStarted, TextDelta, TurnStarted, Usage
+from agent.core.tool_runner import ApprovalRequest
 from agent.tui.widgets.diff_block import parse_unified_diff
 from agent.tui.widgets.status_bar import StatusBar, meter
 from tools import Checkpoint, RestoreReport

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.events import EventEmitter, SessionStarted, TextDelta, TurnCompleted, TurnStarted
-from agent.events import UserMessage as UserMessageEvent
-from agent.session import SessionStore
+from agent.core.events import EventEmitter, SessionStarted, TextDelta, TurnCompleted, TurnStarted
+from agent.core.events import UserMessage as UserMessageEvent
+from agent.core.session import SessionStore
 from agent.tui.screens.sessions import SessionsScreen
 from agent.tui.widgets.assistant import AssistantBlock
 from agent.tui.widgets.conversation import KEEP_GROUPS, TaskGroup

@@ -1,0 +1,61 @@
+"""The one module through which the agent reaches a model (DESIGN.md §1).
+
+`LocalClient` drives the in-process engine, `HTTPClient` any OpenAI-compatible
+server; both speak `LLMClient`. The engine itself is imported only when a
+local client is made, so attach mode never loads torch.
+"""
+
+from agent.core.clients.base import (
+    AuthenticationError,
+    BadResponseError,
+    ChatRequest,
+    ClientError,
+    Completion,
+    ConfigurationError,
+    ContextOverflowError,
+    EngineFailure,
+    LLMClient,
+    ReasoningChunk,
+    RequestRejected,
+    StreamItem,
+    TextChunk,
+    TokenUsage,
+    ToolCallChunk,
+    ToolCallProblem,
+    TransientError,
+    estimate_tokens,
+)
+from agent.core.clients.http import HTTPClient, RetryPolicy
+
+
+def start_local_client(model: str, **engine_config) -> LLMClient:
+    """A LocalClient with its own engine for `model`; raises the engine's errors
+    (a missing model names `resident models pull`)."""
+    from agent.core.clients.local import LocalClient
+
+    return LocalClient.start(model, **engine_config)
+
+
+__all__ = [
+    "AuthenticationError",
+    "BadResponseError",
+    "ChatRequest",
+    "ClientError",
+    "Completion",
+    "ConfigurationError",
+    "ContextOverflowError",
+    "EngineFailure",
+    "HTTPClient",
+    "LLMClient",
+    "ReasoningChunk",
+    "RequestRejected",
+    "RetryPolicy",
+    "StreamItem",
+    "TextChunk",
+    "TokenUsage",
+    "ToolCallChunk",
+    "ToolCallProblem",
+    "TransientError",
+    "estimate_tokens",
+    "start_local_client",
+]

@@ -1,0 +1,351 @@
+"""The turn loop: ask the model, run the tools it calls, repeat until it answers.
+
+One task is one user message. Each turn is one model request: the answer
+streams out as `text_delta`/`reasoning_delta` events; if it calls tools they
+run one after another (each `tool_call` followed by its approval events and
+its `tool_result`) and the next turn starts; an answer without tool calls
+ends the task. A turn's messages reach the conversation only when the turn
+is complete, so an error or a kill mid-turn leaves the history as it was
+before that turn.
+
+`interrupt()` stops generation (the request is aborted) and a running shell
+command (its process group is killed); calls not yet run are reported to the
+model as not run, partial text is kept and marked, and the task ends with
+exit code 130.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import prompts
+from agent.core.clients import (
+    ClientError,
+    Completion,
+    ContextOverflowError,
+    LLMClient,
+    ReasoningChunk,
+    TextChunk,
+    ToolCallChunk,
+    ToolCallProblem,
+)
+from agent.core.compaction import CompactionFailed, compact
+from agent.core.context import ResidentContext, Snapshot
+from agent.core.conversation import Conversation, Message
+from agent.core.events import (
+    Compaction,
+    ContextSnapshot,
+    ErrorEvent,
+    EventEmitter,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallEvent,
+    TurnCompleted,
+    TurnStarted,
+    Usage,
+    UserMessage,
+)
+from agent.core.tool_runner import ToolRunner, history_arguments
+from tools import ApprovalMode, RestoreReport
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    max_turns: int = 50
+    max_tokens: int | None = None  # per answer; None: what the window leaves
+    temperature: float | None = None  # None: the server's default (greedy locally)
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """How a task ended. Front ends turn it into what they show or exit with
+    (agent/exit_codes.py); the core chooses no exit code."""
+
+    final_message: str
+    reason: str  # done, max_turns, approval, interrupted, failed
+    error_kind: str | None = None  # for "failed": the client error's kind
+
+
+@dataclass
+class _Answer:
+    text: list[str] = field(default_factory=list)
+    calls: list[ToolCallChunk] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    completion: Completion | None = None
+    interrupted: bool = False
+
+
+def snapshot_event(snapshot: Snapshot, token_count: str) -> ContextSnapshot:
+    return ContextSnapshot(
+        epoch=snapshot.epoch,
+        files=len(snapshot.files),
+        tokens=snapshot.tokens,
+        mode=snapshot.mode,
+        omitted=len(snapshot.omitted),
+        token_count="tokenizer" if token_count == "tokenizer" else "estimate",
+    )
+
+
+class Agent:
+    def __init__(
+        self,
+        client: LLMClient,
+        context: ResidentContext,
+        tools: ToolRunner,
+        emitter: EventEmitter,
+        conversation: Conversation,
+        settings: AgentSettings | None = None,
+    ) -> None:
+        self.client = client
+        self.context = context
+        self.tools = tools
+        self.emitter = emitter
+        self.conversation = conversation
+        self.settings = settings or AgentSettings()
+        self._interrupted = asyncio.Event()
+        self._turns_since_compaction = 1
+        self._call_ids: set[str] = {
+            call["id"] for m in conversation.messages for call in m.get("tool_calls") or []
+        }
+
+    @property
+    def workspace(self) -> Path:
+        """The repository this agent works in."""
+        return self.tools.workspace
+
+    @property
+    def approval_mode(self) -> ApprovalMode:
+        return self.tools.policy.mode
+
+    @approval_mode.setter
+    def approval_mode(self, mode: ApprovalMode) -> None:
+        self.tools.policy.mode = mode
+
+    # -- control -------------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """Stop the running task as soon as it is safe. Call from the agent's event loop."""
+        self._interrupted.set()
+        self.tools.cancel()
+
+    async def compact(self) -> bool:
+        """`/compact`: summarize the conversation and start a new epoch. False if it failed."""
+        if not self.conversation.messages:
+            return False
+        before = len(self.conversation)
+        tokens_before = self.context.prompt_tokens(self.conversation.messages)
+        try:
+            summary = await compact(self.client, self.context, self.conversation)
+        except (ClientError, CompactionFailed) as err:
+            self.emitter.emit(ErrorEvent(message=f"compaction failed: {err}", kind="compaction"))
+            return False
+        self._new_epoch()
+        self.emitter.emit(
+            Compaction(messages_before=before, tokens_before=tokens_before, summary=summary)
+        )
+        self._turns_since_compaction = 0
+        return True
+
+    async def undo(self) -> RestoreReport | None:
+        """`/undo`: files and conversation back to before the last task that changed files.
+        None when nothing this session changed files."""
+        undone = await self.tools.undo_last_task()
+        if undone is None:
+            return None
+        report, history_length = undone
+        self.conversation.truncate(history_length)
+        self._new_epoch()
+        return report
+
+    def _new_epoch(self) -> None:
+        snapshot = self.context.new_epoch()
+        self.emitter.emit(snapshot_event(snapshot, self.client.token_count_method))
+
+    # -- one task ------------------------------------------------------------------
+
+    async def run_task(self, task: str) -> TaskOutcome:
+        self._interrupted.clear()
+        self.tools.start_task()
+        start_length = len(self.conversation)
+        self.emitter.emit(UserMessage(text=task))
+        self.conversation.commit([{"role": "user", "content": task}])
+        turn = 0
+        while True:
+            if self._interrupted.is_set():
+                return TaskOutcome("Interrupted.", "interrupted")
+            if turn >= self.settings.max_turns:
+                message = f"Stopped after {turn} turns (--max-turns) before the task was done."
+                self.emitter.emit(ErrorEvent(message=message, kind="max_turns", fatal=True))
+                return TaskOutcome(message, "max_turns")
+            turn += 1
+            outcome = await self._turn(turn, start_length)
+            if outcome is not None:
+                return outcome
+
+    async def _prepare_context(self) -> None:
+        await self.context.settle_tools()  # MCP servers still starting: a bounded wait
+        messages = self.conversation.messages
+        if self.context.over_compaction_threshold(messages) and self._turns_since_compaction > 0:
+            await self.compact()  # at most once between two turns: never in a loop
+        elif self.context.needs_new_epoch():
+            self._new_epoch()
+
+    async def _turn(self, turn: int, start_length: int) -> TaskOutcome | None:
+        """One model request and its tool calls; an outcome when the task ends here."""
+        await self._prepare_context()
+        self.emitter.emit(TurnStarted(turn=turn))
+        request = self.context.request(
+            self.conversation.messages,
+            max_tokens=self.settings.max_tokens,
+            temperature=self.settings.temperature,
+        )
+        try:
+            answer = await self._generate(request)
+        except ContextOverflowError as err:
+            if self._turns_since_compaction == 0:
+                return self._fail(turn, err)  # compacting again would only loop
+            self.emitter.emit(ErrorEvent(message=f"{err}; compacting", kind=err.kind))
+            self.emitter.emit(TurnCompleted(turn=turn, finish_reason="context_overflow"))
+            if not await self.compact():
+                return TaskOutcome(str(err), "failed", err.kind)
+            return None
+        except ClientError as err:
+            return self._fail(turn, err)
+        self._turns_since_compaction += 1
+        text = "".join(answer.text)
+        self._report_usage(answer.completion)
+        if answer.interrupted:
+            if text:
+                marked = text + "\n[interrupted by the user]"
+                self.conversation.commit([{"role": "assistant", "content": marked}])
+            self.emitter.emit(TurnCompleted(turn=turn, finish_reason="interrupted"))
+            return TaskOutcome("Interrupted.", "interrupted")
+        if not answer.calls:
+            return self._answer_without_calls(turn, text, answer)
+        return await self._run_calls(turn, text, answer, start_length)
+
+    def _fail(self, turn: int, err: ClientError) -> TaskOutcome:
+        self.emitter.emit(ErrorEvent(message=str(err), kind=err.kind, fatal=True))
+        self.emitter.emit(TurnCompleted(turn=turn, finish_reason="error"))
+        return TaskOutcome(str(err), "failed", err.kind)
+
+    def _answer_without_calls(self, turn: int, text: str, answer: _Answer) -> TaskOutcome | None:
+        assistant: Message = {"role": "assistant", "content": text}
+        if answer.problems:
+            # Markup that looked like a call but was not one: tell the model, go on.
+            problems = "; ".join(answer.problems)
+            self.emitter.emit(ErrorEvent(message=problems, kind="tool_call"))
+            note = prompts.load("malformed_tool_call", problems=problems)
+            self.conversation.commit([assistant, {"role": "user", "content": note}])
+            self.emitter.emit(TurnCompleted(turn=turn, finish_reason="tool_call_error"))
+            return None
+        self.conversation.commit([assistant])
+        reason = answer.completion.finish_reason if answer.completion else "stop"
+        self.emitter.emit(TurnCompleted(turn=turn, finish_reason=reason))
+        return TaskOutcome(text, "done")
+
+    async def _run_calls(
+        self, turn: int, text: str, answer: _Answer, start_length: int
+    ) -> TaskOutcome | None:
+        assistant: Message = {
+            "role": "assistant",
+            "content": text,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": history_arguments(call.arguments)},
+                }
+                for call in answer.calls
+            ],
+        }
+        results: list[Message] = []
+        stop_why: str | None = None
+        needs_approval: str | None = None
+        for chunk in answer.calls:
+            self.emitter.emit(
+                ToolCallEvent(id=chunk.id, name=chunk.name, arguments=chunk.arguments)
+            )
+            if stop_why is None and self._interrupted.is_set():
+                stop_why = "the user interrupted the task"
+            if stop_why is not None:
+                results.append(self.tools.skip(chunk, stop_why).message)
+                continue
+            outcome = await self.tools.run(chunk, history_length=start_length)
+            results.append(outcome.message)
+            if outcome.needs_unavailable_approval:
+                needs_approval = outcome.needs_unavailable_approval
+                stop_why = "the task stopped because an earlier call needed approval"
+        self.conversation.commit([assistant, *results])
+        self.emitter.emit(TurnCompleted(turn=turn, finish_reason="tool_calls"))
+        if needs_approval is not None:
+            message = f"Stopped: {needs_approval}, and nobody could approve it."
+            self.emitter.emit(ErrorEvent(message=message, kind="approval", fatal=True))
+            return TaskOutcome(message, "approval")
+        if self._interrupted.is_set():
+            return TaskOutcome("Interrupted.", "interrupted")
+        return None
+
+    def _report_usage(self, completion: Completion | None) -> None:
+        if completion is None or completion.usage is None:
+            return
+        usage = completion.usage
+        self.emitter.emit(
+            Usage(
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                cached_tokens=usage.cached_tokens,
+                resident_tokens=self.context.resident_tokens,
+                context_window=self.context.window,
+            )
+        )
+
+    # -- generation ------------------------------------------------------------------
+
+    def _unique_id(self, call: ToolCallChunk) -> ToolCallChunk:
+        """Tool results are matched to calls by id, so a missing or reused id gets a new one."""
+        if not call.id or call.id in self._call_ids:
+            call = replace(call, id=f"call_{secrets.token_hex(8)}")
+        self._call_ids.add(call.id)
+        return call
+
+    async def _generate(self, request) -> _Answer:
+        """Stream one answer, emitting text as it comes; stops early on interrupt."""
+        answer = _Answer()
+
+        async def consume() -> None:
+            async for item in self.client.stream(request):
+                if isinstance(item, TextChunk):
+                    answer.text.append(item.text)
+                    self.emitter.emit(TextDelta(text=item.text))
+                elif isinstance(item, ReasoningChunk):
+                    self.emitter.emit(ReasoningDelta(text=item.text))
+                elif isinstance(item, ToolCallChunk):
+                    answer.calls.append(self._unique_id(item))
+                elif isinstance(item, ToolCallProblem):
+                    answer.problems.append(item.message)
+                elif isinstance(item, Completion):
+                    answer.completion = item
+
+        work = asyncio.create_task(consume())
+        stop = asyncio.create_task(self._interrupted.wait())
+        try:
+            done, _ = await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the task itself is being torn down
+            work.cancel()
+            raise
+        finally:
+            stop.cancel()
+        if work in done:
+            work.result()  # raises the client's error, if any
+            return answer
+        work.cancel()  # closes the stream: the server or engine aborts the request
+        with contextlib.suppress(asyncio.CancelledError, ClientError):
+            await work
+        answer.interrupted = True
+        answer.calls.clear()  # a call cut off mid-stream is not a call
+        return answer

@@ -1,0 +1,154 @@
+"""How a server is reached: its stdio command wrapped in the sandbox, or an HTTP client.
+
+A stdio server is a program the agent starts, so it runs like a shell
+command does: inside the OS sandbox when there is one (tools/sandbox.py),
+with the environment's allow-list (tools/environment.py) plus the entry's
+own `env`. The sandbox gives it the workspace read-only, no network, an
+empty scratch HOME and /tmp, and the workspace's secret files masked;
+the entry's `network`, `write` and `read` grants add to that (for entries
+the user trusts, see config.py). Without a sandbox, a server from the
+user's own file starts unconfined, as the user would start it, while a
+repository's untrusted server does not start at all: that is the same
+fail-closed stance the shell takes (no sandbox, nothing runs unasked).
+
+The read side of every transport is watched for its end, so a server that
+exits is noticed when it happens, not at the next call.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import httpx2
+from mcp.client import Transport
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from agent.core.mcp.config import ServerConfig, user_config_file
+from tools.environment import command_environment
+from tools.sandbox import Sandbox, SandboxError, SandboxGrant, SandboxSettings
+
+HTTP_TIMEOUT_S = 30.0
+HTTP_READ_TIMEOUT_S = 300.0  # a server may hold an event stream open that long
+
+
+class LaunchRefused(Exception):
+    """The server must not start here; the message says why and what would change it."""
+
+
+def sandbox_label(
+    config: ServerConfig, sandbox: Sandbox | None, settings: SandboxSettings | None = None
+) -> str:
+    if config.transport == "http":
+        return "none (a remote server)"
+    if sandbox is None:
+        return "none (no sandbox on this machine)"
+    workspace = "writable" if config.write else "read-only"
+    network = "on" if config.network or (settings is not None and settings.network) else "off"
+    return f"bubblewrap: workspace {workspace}, network {network}"
+
+
+def stdio_parameters(
+    config: ServerConfig,
+    workspace: Path,
+    sandbox: Sandbox | None,
+    settings: SandboxSettings,
+    base_env: dict[str, str] | None = None,
+) -> StdioServerParameters:
+    """The process to start for a stdio server. Raises LaunchRefused."""
+    base = dict(os.environ if base_env is None else base_env)
+    argv = [config.command or "", *config.args]
+    if sandbox is None:
+        if not config.trusted:
+            raise LaunchRefused(
+                "not started: there is no sandbox to confine a server this repository declares; "
+                f'to run it unconfined, trust it in {user_config_file()} ("trustedRepositoryServers")'
+            )
+        env = command_environment(
+            base, home=base.get("HOME"), extra_names=settings.env_names, extra=config.env
+        )
+        return StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=workspace)
+    home = base.get("HOME") or os.path.expanduser("~")
+    env = command_environment(
+        base, home=home, tmpdir="/tmp", extra_names=settings.env_names, extra=config.env
+    )
+    try:
+        wrapped = sandbox.wrap(
+            argv,
+            workspace=workspace,
+            cwd=workspace,
+            grant=SandboxGrant(write=config.write, network=config.network),
+            env=base,
+            settings=settings,
+            extra_read_only=config.read,
+        )
+    except SandboxError as err:
+        raise LaunchRefused(f"not started: {err}") from err
+    return StdioServerParameters(command=wrapped[0], args=wrapped[1:], env=env, cwd=workspace)
+
+
+class _EndWatch:
+    """A transport's read stream that calls `on_end` when the server's side closes."""
+
+    def __init__(self, inner: Any, on_end: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_end = on_end
+
+    def __getattr__(self, name: str) -> Any:  # last_context, close, statistics, ...
+        return getattr(self._inner, name)
+
+    async def __aenter__(self) -> _EndWatch:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._inner.__aexit__(*exc)
+
+    def __aiter__(self) -> _EndWatch:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self._inner.__anext__()
+        except StopAsyncIteration:
+            self._on_end()
+            raise
+
+    async def receive(self) -> Any:
+        return await self._inner.receive()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@asynccontextmanager
+async def _watched(inner: Transport, on_end: Callable[[], None]) -> AsyncIterator[Any]:
+    async with inner as (read, write):
+        yield _EndWatch(read, on_end), write
+
+
+@asynccontextmanager
+async def _http(config: ServerConfig) -> AsyncIterator[Any]:
+    timeout = httpx2.Timeout(HTTP_TIMEOUT_S, read=HTTP_READ_TIMEOUT_S)
+    async with httpx2.AsyncClient(headers=dict(config.headers), timeout=timeout) as http:
+        async with streamable_http_client(config.url or "", http_client=http) as streams:
+            yield streams
+
+
+def open_transport(
+    config: ServerConfig,
+    workspace: Path,
+    sandbox: Sandbox | None,
+    settings: SandboxSettings,
+    errlog: IO[str],
+    on_end: Callable[[], None],
+) -> Transport:
+    """The transport to the server (not yet entered). Raises LaunchRefused."""
+    if config.transport == "http":
+        return _watched(_http(config), on_end)
+    params = stdio_parameters(config, workspace, sandbox, settings)
+    return _watched(stdio_client(params, errlog=errlog), on_end)

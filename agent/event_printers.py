@@ -1,0 +1,136 @@
+"""How line-oriented front ends show the event stream: JSON lines, or readable progress.
+
+Shared by `resident run` (headless.py) and the line REPL (repl.py).
+
+`--json` writes every event as one JSON object per line on stdout and nothing
+else there, so a script can parse stdout line by line. Without it, progress
+(the model's text as it streams, tool calls and their results, approvals,
+errors) goes to stderr, and only the final message goes to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TextIO
+
+from agent.core.events import (
+    ApprovalRequested,
+    ApprovalResolved,
+    CheckpointTaken,
+    Compaction,
+    ContextSnapshot,
+    ErrorEvent,
+    Event,
+    McpServer,
+    ReasoningDelta,
+    SessionStarted,
+    TextDelta,
+    ToolCallEvent,
+    ToolResultEvent,
+    TurnCompleted,
+    Usage,
+)
+
+MAX_ARGUMENT_CHARS = 160
+MAX_RESULT_LINES = 3
+
+
+class JsonLinesPrinter:
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def __call__(self, event: Event) -> None:
+        self.out.write(event.model_dump_json() + "\n")
+        self.out.flush()
+
+
+def _short(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _arguments(raw: str) -> str:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return _short(raw, MAX_ARGUMENT_CHARS)
+    if isinstance(value, dict):
+        parts = [f"{key}={json.dumps(val, ensure_ascii=False)}" for key, val in value.items()]
+        return _short(", ".join(parts), MAX_ARGUMENT_CHARS)
+    return _short(raw, MAX_ARGUMENT_CHARS)
+
+
+class ProgressPrinter:
+    """Readable progress on a terminal (or a CI log)."""
+
+    def __init__(self, out: TextIO, show_reasoning: bool = False) -> None:
+        self.out = out
+        self.show_reasoning = show_reasoning
+        self._mid_line = False
+
+    def _line(self, text: str) -> None:
+        if self._mid_line:
+            self.out.write("\n")
+            self._mid_line = False
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def _stream(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+        self._mid_line = not text.endswith("\n")
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, SessionStarted):
+            verb = "resumed" if event.resumed else "started"
+            self._line(
+                f"[session {event.session_id} {verb}: {event.model}, "
+                f"{event.context_window:,}-token window, approval {event.approval}]"
+            )
+        elif isinstance(event, ContextSnapshot):
+            what = "repository" if event.mode == "full" else "repository map"
+            approx = "" if event.token_count == "tokenizer" else "~"
+            self._line(
+                f"[epoch {event.epoch}: {what}, {event.files} files in full, "
+                f"{approx}{event.tokens:,} tokens resident]"
+            )
+        elif isinstance(event, TextDelta):
+            self._stream(event.text)
+        elif isinstance(event, ReasoningDelta) and self.show_reasoning:
+            self._stream(event.text)
+        elif isinstance(event, ToolCallEvent):
+            self._line(f"→ {event.name}({_arguments(event.arguments)})")
+        elif isinstance(event, ApprovalRequested):
+            self._line(f"  ? needs approval: {event.request} ({event.reason})")
+        elif isinstance(event, ApprovalResolved):
+            verdict = "approved" if event.approved else "not approved"
+            self._line(f"  {verdict}" + (" (nobody to ask)" if event.by == "unavailable" else ""))
+        elif isinstance(event, ToolResultEvent):
+            mark = "✓" if event.ok else "✗"
+            lines = event.output.strip().splitlines() or [""]
+            shown = "\n    ".join(_short(line, 200) for line in lines[:MAX_RESULT_LINES])
+            more = (
+                f"\n    … ({len(lines) - MAX_RESULT_LINES} more lines)"
+                if len(lines) > MAX_RESULT_LINES
+                else ""
+            )
+            self._line(f"  {mark} {shown}{more}")
+        elif isinstance(event, CheckpointTaken):
+            self._line(f"[checkpoint {event.checkpoint_id}]")
+        elif isinstance(event, Compaction):
+            self._line(f"[compacted {event.messages_before} messages]")
+        elif isinstance(event, Usage):
+            cached = "?" if event.cached_tokens is None else f"{event.cached_tokens:,}"
+            self._line(
+                f"[{event.prompt_tokens:,} prompt tokens ({cached} cached), "
+                f"{event.completion_tokens:,} generated, window {event.context_window:,}]"
+            )
+        elif isinstance(event, ErrorEvent):
+            self._line(f"error: {event.message}")
+        elif isinstance(event, McpServer) and event.state == "failed":
+            self._line(f"[mcp server {event.server} failed: {event.reason}]")
+        elif isinstance(event, McpServer) and event.state == "ready":
+            skipped = f"; left out: {'; '.join(event.skipped)}" if event.skipped else ""
+            self._line(f"[mcp server {event.server}: {len(event.tools)} tools{skipped}]")
+        elif isinstance(event, TurnCompleted) and self._mid_line:
+            self._line("")
