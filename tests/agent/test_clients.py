@@ -253,3 +253,12 @@ def test_unknown_window_names_the_flag():
     client = mock_client(lambda request: httpx.Response(404), model="m")
     with pytest.raises(ConfigurationError, match="--context-window"):
         asyncio.run(client.context_window())
+
+
+def test_a_server_without_a_tool_parser_is_a_configuration_error():
+    """vLLM's answer (0.32, started without --enable-auto-tool-choice) to a request with tools."""
+    said = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+    body = {"error": {"message": said, "type": "BadRequestError", "code": 400}}
+    client = mock_client(lambda request: httpx.Response(400, json=body), model="m")
+    with pytest.raises(ConfigurationError, match="--enable-auto-tool-choice --tool-call-parser"):
+        asyncio.run(collect(client))

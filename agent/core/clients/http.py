@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import random
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,8 @@ from agent.core.clients.base import (
 from agent.core.clients.sse import ChatStreamDecoder, decode_complete_response, error_from_payload
 
 log = logging.getLogger(__name__)
+# vLLM's and SGLang's answer to tools when the server was started without a tool parser.
+_TOOLS_OFF = re.compile(r"enable-auto-tool-choice|tool-call-parser", re.IGNORECASE)
 
 RETRY_STATUS = frozenset({429, 502, 503, 504})
 
@@ -150,6 +153,13 @@ class HTTPClient(LLMClient):
         problem = error_from_payload(error, response.status_code)
         if isinstance(problem, TransientError | ContextOverflowError):
             raise problem
+        if _TOOLS_OFF.search(str(problem)):
+            raise ConfigurationError(
+                f"{self.url} does not parse tool calls, and the agent works through them: "
+                "start vLLM with --enable-auto-tool-choice --tool-call-parser PARSER (kimi_k2, "
+                "glm45, hermes, ... for the model), or SGLang with --tool-call-parser PARSER "
+                f"(the server said: {problem})"
+            )
         raise RequestRejected(f"HTTP {response.status_code} from {self.url}: {problem}")
 
     async def _get_json(self, path: str) -> Any:
