@@ -1,4 +1,4 @@
-"""Real MCP servers (the SDK's, tests/agent/core/mcp/demo_server.py) over stdio and HTTP:
+"""Real MCP servers (the SDK's, tests/agent/mcp/demo_server.py) over stdio and HTTP:
 listing, calls, errors, a hang, a crash, a bad command, a slow start, the sandbox, stopping."""
 
 from __future__ import annotations
