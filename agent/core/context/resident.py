@@ -104,6 +104,7 @@ class ResidentContext:
             self.count,
             task=task,
             max_file_bytes=self.settings.max_file_bytes,
+            previous=self.snapshot,
         )
         self._prefix_tokens = fixed + self.snapshot.tokens
         self._record_reads(self.snapshot)

@@ -1,8 +1,10 @@
 """Taking one snapshot of the repository: the resident block at the heart of the prompt.
 
-The block is deterministic for a given tree (files sorted by path, hashes of
-their bytes, nothing time-dependent), so two sessions over the same commit
-produce the same tokens and share the engine's prefix cache.
+The block is deterministic for a given repository state (files in the order
+ordering.py gives, hashes of their bytes, nothing time-dependent), so two
+sessions over the same state produce the same tokens and share the engine's
+prefix cache. What changes from epoch to epoch (the epoch number, the file
+count) is written after the files, never before them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from html import escape
 from pathlib import Path
 from typing import Literal
 
+from agent.core.context.ordering import change_times, first_order, next_order
 from agent.core.context.repo_map import build_repo_map
 from agent.core.context.selection import DEFAULT_MAX_FILE_BYTES, Omitted, RepoFile, select_files
 
@@ -44,8 +47,9 @@ def render_file(file: RepoFile) -> str:
 
 
 def render_full(root_name: str, epoch: int, files: list[RepoFile]) -> str:
-    header = f'<repository root="{escape(root_name)}" epoch="{epoch}" files="{len(files)}">\n'
-    return header + "".join(render_file(f) for f in files) + "</repository>\n"
+    header = f'<repository root="{escape(root_name)}">\n'
+    footer = f'<snapshot epoch="{epoch}" files="{len(files)}"/>\n</repository>\n'
+    return header + "".join(render_file(f) for f in files) + footer
 
 
 def take_snapshot(
@@ -55,16 +59,25 @@ def take_snapshot(
     count_tokens: Callable[[str], int],
     task: str = "",
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    previous: Snapshot | None = None,
 ) -> Snapshot:
-    """The whole repository when it fits `budget` tokens, else a ranked map."""
+    """The whole repository when it fits `budget` tokens, else a ranked map.
+
+    A full snapshot after a full `previous` one keeps its unchanged files in
+    place (ordering.py)."""
     files, omitted = select_files(workspace, max_file_bytes)
     root_name = workspace.name
     total_bytes = sum(f.size for f in files)
     if total_bytes <= budget * MAX_BYTES_PER_TOKEN:
-        text = render_full(root_name, epoch, files)
+        times = change_times(workspace)
+        if previous is not None and previous.mode == "full":
+            ordered = next_order(files, previous.files, times)
+        else:
+            ordered = first_order(files, times)
+        text = render_full(root_name, epoch, ordered)
         tokens = count_tokens(text)
         if tokens <= budget:
-            return Snapshot(epoch, "full", text, tokens, files, files, omitted)
+            return Snapshot(epoch, "full", text, tokens, ordered, files, omitted)
     header = (
         f'<repository root="{escape(root_name)}" epoch="{epoch}" mode="map" files="{len(files)}">'
     )
