@@ -47,7 +47,7 @@ def serve(
         "kernel, fastest), bf16 (torch's int4 kernel), or auto (int8 where it runs).",
     ),
 ) -> None:
-    """Serve the model over an OpenAI-compatible HTTP API."""
+    """Serve the model over HTTP: OpenAI chat and completions, Responses, Anthropic Messages."""
     from engine.errors import EngineError
     from engine.server.launch import ServeOptions, ServeUsageError, check_options
     from engine.server.launch import serve as run_server
