@@ -225,6 +225,31 @@ class PrefixStore:
         log.info("restored %d KV pages (%d tokens) from disk", len(new_pages), len(new_pages) * ps)
         return len(new_pages) * ps
 
+    def restore_saved(self, max_fraction: float = 0.5) -> int:
+        """Restore saved prefixes, most recently used first, while they take at most
+        `max_fraction` of the pool (a server starting); returns tokens restored."""
+        allocator, total = self.engine.allocator, 0
+        floor = allocator.num_pages * (1 - max_fraction)
+        for tokens, salt in self.saved_prefixes():
+            if allocator.num_free - len(tokens) // self.page_size < floor:
+                continue
+            total += self.restore(tokens, salt)
+        return total
+
+    def cached_prefixes(self) -> list[tuple[list[int], str]]:
+        """The prefixes the tree holds worth saving when a server stops: pinned ones
+        first, then the most recently used, as many as the disk budget holds."""
+        per_page = len(self.engine.pool.page_bytes(0)) if self.engine.pool.num_pages else 0
+        room = self.tier.budget_bytes // max(per_page, 1)
+        out = []
+        for salt, tokens, _, _ in self.engine.prefix_cache.paths():
+            pages = len(tokens) // self.page_size
+            if pages > room:
+                break
+            room -= pages
+            out.append((tokens, salt))
+        return out
+
     def saved_prefixes(self) -> list[tuple[list[int], str]]:
         """The token sequences (and salts) of saved chains ending in a leaf, most
         recently used first (what `resident serve` restores on start)."""
