@@ -3,6 +3,8 @@ does not match or does not check out, honour the byte budget."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from engine import LLM, SamplingParams
@@ -29,16 +31,25 @@ def page_files(disk) -> list:
     return sorted(disk.glob("*/pages/*.kvp"))
 
 
-@pytest.fixture()
-def saved(tiny_llama_dir, tmp_path):
+@pytest.fixture(scope="module")
+def saved_once(tiny_llama_dir, tmp_path_factory):
     """An FP8 engine that prefilled PREFIX (scales set from it) and saved it."""
-    disk = tmp_path / "kv"
+    disk = tmp_path_factory.mktemp("saved") / "kv"
     llm = make(tiny_llama_dir, disk)
     first = llm.generate([PREFIX + TAIL], GREEDY)[0]
     assert llm.engine.save_prefix(PREFIX) == 5
     warm = llm.generate([PREFIX + TAIL], GREEDY)[0]
     assert warm.num_cached_tokens == 80
     return llm, disk, first
+
+
+@pytest.fixture()
+def saved(saved_once, tmp_path):
+    """`saved_once`, with a copy of its disk tier each test may damage."""
+    llm, disk, first = saved_once
+    copy = tmp_path / "kv"
+    shutil.copytree(disk, copy)
+    return llm, copy, first
 
 
 def test_restore_is_byte_identical_and_continues_alike(saved, tiny_llama_dir):
