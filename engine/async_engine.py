@@ -171,6 +171,36 @@ class AsyncEngine:
     async def unpin_prefix(self, handle: Any) -> None:
         await self.call(lambda: self.engine.unpin_prefix(handle))
 
+    async def save_prefix(self, token_ids: list[int], cache_salt: str = "") -> int:
+        """Save this prefix's cached pages to the disk tier; returns pages newly written.
+
+        The pages' bytes are copied on the engine thread; the files are written
+        off it, so the batch keeps stepping meanwhile."""
+        store = self.engine.prefix_store
+        if store is None:
+            return 0
+        job = await self.call(lambda: store.collect(list(token_ids), cache_salt))
+        return await asyncio.to_thread(store.write, job)
+
+    async def restore_prefix(self, token_ids: list[int], cache_salt: str = "") -> int:
+        """Load this prefix's saved pages into the prefix cache; returns tokens restored."""
+        return await self.call(lambda: self.engine.restore_prefix(token_ids, cache_salt))
+
+    async def restore_saved(self) -> int:
+        """Restore the saved prefixes of this engine (a server starting)."""
+        store = self.engine.prefix_store
+        return 0 if store is None else await self.call(store.restore_saved)
+
+    async def save_cached(self) -> int:
+        """Save the prefixes the cache holds, pinned first (a server stopping)."""
+        store = self.engine.prefix_store
+        if store is None:
+            return 0
+        written = 0
+        for tokens, salt in reversed(await self.call(store.cached_prefixes)):
+            written += await self.save_prefix(tokens, salt)  # newest last: evicted last
+        return written
+
     def shutdown(self) -> None:
         self._stopped.set()
         self._thread.join(timeout=10)

@@ -41,6 +41,11 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = True
     verify_prefix_cache: bool = False  # hash shared pages and check them on reuse
     max_waiting: int | None = Field(default=None, ge=1)  # beyond it: overloaded
+    # The disk tier of the prefix cache (engine/prefix_store.py): off for the
+    # library, on for the agent's local engine and `resident serve`.
+    kv_disk: bool = False
+    kv_disk_gib: float = Field(default=8.0, gt=0)
+    kv_disk_dir: str | None = None  # default: RESIDENT_CACHE_DIR/kv or the user cache
     seed: int = 0
     # Batch-, chunk- and cache-invariant reductions: bit-identical outputs however
     # requests are batched, at a cost in speed (DESIGN.md §3).

@@ -137,6 +137,7 @@ class LLMEngine:
             config.page_size,
             self.device,
         )
+        self.prefix_store = self._open_prefix_store()
         self.sampler = Sampler(config.seed)
         self.eos_token_ids = _eos_ids(self.model_dir, self.tokenizer)
         self._requests: dict[str, Sequence] = {}
@@ -232,6 +233,15 @@ class LLMEngine:
             pool.scale_source,
         )
         return pool
+
+    def _open_prefix_store(self):
+        if not (self.config.kv_disk and self.prefix_cache is not None):
+            return None
+        from engine.kv.disk_tier import default_root
+        from engine.prefix_store import PrefixStore
+
+        root = Path(self.config.kv_disk_dir) if self.config.kv_disk_dir else default_root()
+        return PrefixStore(self, root, int(self.config.kv_disk_gib * GIB))
 
     def _enable_deterministic(self) -> None:
         if not getattr(self.model, "supports_deterministic", False):
@@ -459,6 +469,18 @@ class LLMEngine:
     def unpin_prefix(self, handle: list) -> None:
         if self.prefix_cache is not None:
             self.prefix_cache.unpin(handle)
+
+    def save_prefix(self, token_ids: list[int], cache_salt: str = "") -> int:
+        """Write this prefix's cached pages to the disk tier; returns pages newly written."""
+        if self.prefix_store is None:
+            return 0
+        return self.prefix_store.save(list(token_ids), cache_salt)
+
+    def restore_prefix(self, token_ids: list[int], cache_salt: str = "") -> int:
+        """Load this prefix's saved pages into the prefix cache; returns tokens restored."""
+        if self.prefix_store is None:
+            return 0
+        return self.prefix_store.restore(list(token_ids), cache_salt)
 
     def stats(self) -> dict:
         page = self.config.page_size

@@ -4,7 +4,7 @@
 Textual TUI (agent/tui/) on a terminal, the line-by-line REPL
 (agent/repl.py) with `--plain` or when stdin or stdout is not a terminal.
 `resident acp` serves editors over the Agent Client Protocol (agent/acp/).
-The engine's own commands (serve, plan, bench, models list/pull) live in
+The engine's own commands (serve, plan, bench, models list/pull, cache) live in
 engine/cli and are mounted here unchanged; `resident models calibrate` is the
 agent's (models.py), and `resident mcp` is in mcp.py. The CLI is the one
 place outside agent/clients that imports the engine.
@@ -22,7 +22,7 @@ import typer
 from agent.cli.mcp import mcp_app
 from agent.cli.models import models_app
 from agent.core.process_guard import guard_agent_process
-from engine.cli import bench_app, plan_command, serve
+from engine.cli import bench_app, cache_app, plan_command, serve
 from engine.cli.common import MODEL_HELP, fail
 
 app = typer.Typer(
@@ -34,6 +34,7 @@ app = typer.Typer(
 app.command("serve")(serve)
 app.command("plan")(plan_command)
 app.add_typer(bench_app, name="bench")
+app.add_typer(cache_app, name="cache")
 app.add_typer(models_app, name="models")  # the engine's list and pull, and calibrate
 app.add_typer(mcp_app, name="mcp")
 

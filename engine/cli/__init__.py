@@ -1,4 +1,4 @@
-"""The engine's own commands: serve, plan, bench, models (list, pull).
+"""The engine's own commands: serve, plan, bench, models (list, pull), cache.
 
 They need nothing of the agent. `resident-engine` (and `python -m engine`)
 runs them alone; the `resident` command mounts them beside the agent's, so
@@ -10,6 +10,7 @@ from __future__ import annotations
 import typer
 
 from engine.cli.bench import bench_app
+from engine.cli.cache import cache_app
 from engine.cli.models import models_app
 from engine.cli.plan import plan_command
 from engine.cli.serve import serve
@@ -23,3 +24,4 @@ engine_app.command("serve")(serve)
 engine_app.command("plan")(plan_command)
 engine_app.add_typer(models_app, name="models")
 engine_app.add_typer(bench_app, name="bench")
+engine_app.add_typer(cache_app, name="cache")

@@ -46,6 +46,12 @@ def serve(
         help="CPU products with 4-/8-bit grid weights: int8 activations (AVX-512 VNNI "
         "kernel, fastest), bf16 (torch's int4 kernel), or auto (int8 where it runs).",
     ),
+    kv_disk: bool = typer.Option(
+        True,
+        "--kv-disk/--no-kv-disk",
+        help="Keep cached prefixes' KV on disk: saved when the server stops, restored "
+        "when it starts (`resident cache list|clear`).",
+    ),
 ) -> None:
     """Serve the model over HTTP: OpenAI chat and completions, Responses, Anthropic Messages."""
     from engine.errors import EngineError
@@ -70,6 +76,7 @@ def serve(
         max_model_len=max_model_len,
         attention_backend=attention_backend,
         cpu_kernel=cpu_kernel,
+        kv_disk=kv_disk,
     )
     try:
         check_options(options)

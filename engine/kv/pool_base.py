@@ -77,6 +77,18 @@ class PagedPoolBase:
         raw = rows.view(torch.uint8) if rows.element_size() == 1 else rows.view(torch.int16)
         return raw.cpu().numpy().tobytes()
 
+    def load_page_bytes(self, page: int, data: bytes) -> None:
+        """Put back bytes `page_bytes` returned (the disk tier's restore): the same
+        storage bytes, so a restored page is byte-identical to the saved one."""
+        start = page * self.page_size
+        rows = self.storage[:, start : start + self.page_size]
+        target = rows.view(torch.uint8) if rows.element_size() == 1 else rows.view(torch.int16)
+        expected = rows.numel() * rows.element_size()
+        if len(data) != expected:
+            raise ValueError(f"a page holds {expected} bytes, not {len(data)}")
+        values = torch.frombuffer(bytearray(data), dtype=target.dtype).view(target.shape)
+        target.copy_(values.to(self.device))
+
     def checked_scales(
         self, first: torch.Tensor, second: torch.Tensor, names: str, heads: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -186,6 +186,27 @@ class RadixCache:
             if node.parent is not None:
                 yield node
 
+    def paths(self) -> list[tuple[str, list[int], int, bool]]:
+        """(salt, tokens, last use, pinned) of every root-to-leaf path, most recently
+        used first (what the disk tier saves when a server stops)."""
+        out = []
+        for salt, root in self.roots.items():
+            stack = [(root, [])]
+            while stack:
+                node, tokens = stack.pop()
+                for child in node.children.values():
+                    stack.append((child, tokens + list(child.tokens)))
+                if node is not root and not node.children:
+                    pinned = any(n.pins for n in self._ancestors(node))
+                    out.append((salt, tokens, node.last_used, pinned))
+        return sorted(out, key=lambda p: (not p[3], -p[2]))
+
+    @staticmethod
+    def _ancestors(node: RadixNode):
+        while node.parent is not None:
+            yield node
+            node = node.parent
+
     def pages_held_only_by_cache(self) -> int:
         return sum(1 for node in self._nodes() if self.allocator.refcount(node.page) == 1)
 

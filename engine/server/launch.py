@@ -50,6 +50,8 @@ class ServeOptions:
     # auto: triton on CUDA, else the C kernels on CPU, else torch.
     attention_backend: str = default_setting("attention_backend")
     cpu_kernel: str = default_setting("cpu_kernel")  # grid-weight products: int8 or bf16
+    # Cached prefixes' KV kept on disk across restarts (engine/prefix_store.py).
+    kv_disk: bool = True
 
 
 def is_loopback(host: str) -> bool:
@@ -128,8 +130,32 @@ def build_engine(options: ServeOptions):
         attention_backend=options.attention_backend,
         cpu_kernel=options.cpu_kernel,
         max_num_seqs=options.max_num_seqs,
+        kv_disk=options.kv_disk,
     )
     return AsyncEngine.open(EngineConfig(**settings))
+
+
+def restore_prefixes(engine) -> None:
+    """Load the prefixes a previous run saved, before the first request."""
+    import asyncio
+
+    tokens = asyncio.run(engine.restore_saved())
+    if tokens:
+        log.info("restored %d tokens of cached prefixes from the KV disk tier", tokens)
+
+
+def save_prefixes(engine) -> None:
+    """Save the prefixes the cache holds (pinned first) for the next run; a failure
+    is logged, never raised, so stopping always completes."""
+    import asyncio
+
+    try:
+        pages = asyncio.run(engine.save_cached())
+    except Exception as err:  # a full disk, an engine that died
+        log.warning("could not save cached prefixes to the KV disk tier: %s", err)
+        return
+    if pages:
+        log.info("saved %d KV pages of cached prefixes to the disk tier", pages)
 
 
 def _scale_values(scales: dict) -> dict[str, list]:
@@ -212,6 +238,7 @@ def serve(options: ServeOptions) -> None:
         )
         if options.deterministic:
             log.info("deterministic mode: batch- and cache-invariant reductions")
+        restore_prefixes(engine)
         app = create_app(engine, model, api_key=options.api_key)
         auth = "API key required" if options.api_key else "no API key"
         log.info("listening on http://%s:%d (%s)", options.host, options.port, auth)
@@ -223,6 +250,7 @@ def serve(options: ServeOptions) -> None:
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
         )
         uvicorn.Server(config).run(sockets=[listener])
+        save_prefixes(engine)
     finally:
         listener.close()
         engine.shutdown()

@@ -44,6 +44,7 @@ def isolated_env(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     monkeypatch.setenv("RESIDENT_DATA_DIR", str(home / "data"))
     monkeypatch.setenv("RESIDENT_CONFIG_DIR", str(home / "config"))
+    monkeypatch.setenv("RESIDENT_CACHE_DIR", str(home / "cache"))
     monkeypatch.delenv("RESIDENT_API_KEY", raising=False)
     for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
         monkeypatch.delenv(name, raising=False)

@@ -158,6 +158,29 @@ def test_tiny_engine_caches_and_pins_the_prefix(tmp_path):
     assert set(after_close) == {0}
 
 
+def test_a_second_session_restores_the_resident_prefix_from_disk(tmp_path):
+    """Session one saves its resident prefix's KV (FP8 bytes and scales); session two,
+    a new engine on the same model, restores it before its first request."""
+    model = tiny_llama(tmp_path / "m", max_position_embeddings=1024)
+    system = {"role": "system", "content": "resident " * 60}
+    request = ChatRequest(
+        [system, {"role": "user", "content": "one"}], max_tokens=3, pinned_messages=1
+    )
+
+    async def session():
+        client = LocalClient.start(str(model), dtype="float32")
+        items = await collect(client, request)
+        text = "".join(i.text for i in items if isinstance(i, TextChunk))
+        await client.aclose()
+        return items[-1].usage.cached_tokens, text
+
+    cold, cold_text = asyncio.run(session())
+    warm, warm_text = asyncio.run(session())
+    assert cold == 0
+    assert warm >= 48  # the system message's full pages came from the disk tier
+    assert warm_text == cold_text
+
+
 def _default_model_present() -> bool:
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return (Path(cache) / "resident/models/smollm2-135m-instruct/config.json").is_file()

@@ -5,6 +5,11 @@ tokens of the leading messages the request marks as resident (system prompt
 and repository snapshot) are pinned in the engine's prefix cache, so later
 turns prefill only what is new even under memory pressure. A new epoch (a
 different prefix) unpins the old one.
+
+The resident prefix also outlives the process (the engine's disk tier): before
+the first request of a session or an epoch, its saved pages are restored, so
+a second session on the same repository state skips the prefill; once an
+epoch's prefix is first complete, and when the session ends, it is saved.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ def start_engine(model: str, **config: Any) -> Any:
     # Not AsyncEngine.open: the agent's first request is its system prompt and the
     # resident repository, thousands of tokens, so FP8 scales set from that first
     # prefill are sound, and start-up stays a few seconds shorter.
+    # The disk tier on: the next session on the same repository state restores the
+    # resident prefix's KV instead of prefilling it.
+    config.setdefault("kv_disk", True)
     return AsyncEngine(EngineConfig(model=model, **config))
 
 
@@ -102,6 +110,8 @@ class LocalClient(LLMClient):
         return self._window
 
     async def aclose(self) -> None:
+        if self._pinned_ids:
+            await self._disk("save_prefix", self._pinned_ids)  # refreshes its place in the LRU
         await self._unpin()
         if self.owns_engine:
             self.engine.shutdown()
@@ -123,10 +133,13 @@ class LocalClient(LLMClient):
             skip_special_tokens=prompt.skip_special_tokens,
             structured=tool_call_constraint(prompt),  # a call the model opens must end valid
         )
+        resident = self._resident_ids(request, prompt) if request.pinned_messages else []
+        if resident and resident != self._pinned_ids:
+            await self._disk("restore_prefix", resident)
         async for item in self._generate(prompt, params):
             yield item
-        if request.pinned_messages:
-            await self._pin(request, prompt)
+        if resident:
+            await self._pin(resident)
 
     async def _generate(
         self, prompt: RenderedChat, params: SamplingParams
@@ -170,18 +183,35 @@ class LocalClient(LLMClient):
             ),
         )
 
-    async def _pin(self, request: ChatRequest, prompt: RenderedChat) -> None:
+    def _resident_ids(self, request: ChatRequest, prompt: RenderedChat) -> list[int]:
+        """The prompt's tokens that the resident messages (system prompt, snapshot) make."""
         prefix_text = self.renderer.render_text(
             request.messages[: request.pinned_messages], request.tools, add_generation_prompt=False
         )
         prefix = self.renderer.encode(prefix_text)
-        ids = prompt.token_ids[: _common_prefix(prefix, prompt.token_ids)]
-        if ids == self._pinned_ids or not ids:
+        return prompt.token_ids[: _common_prefix(prefix, prompt.token_ids)]
+
+    async def _pin(self, ids: list[int]) -> None:
+        if ids == self._pinned_ids:
             return
         await self._unpin()
         self._pin_handle = await self.engine.pin_prefix(ids, self.cache_salt)
         self._pinned_ids = ids
         log.debug("pinned a resident prefix of %d tokens", len(ids))
+        await self._disk("save_prefix", ids)  # the epoch's prefix is complete: keep it
+
+    async def _disk(self, method: str, ids: list[int]) -> None:
+        """Save or restore a prefix in the engine's disk tier; a failure costs a prefill
+        later, never the turn."""
+        call = getattr(self.engine, method, None)
+        if call is None:
+            return
+        try:
+            result = await call(ids, self.cache_salt)
+        except Exception as err:  # a full disk, a read-only cache, a stopped engine
+            log.warning("KV disk tier: %s failed: %s", method, err)
+            return
+        log.debug("KV disk tier: %s of %d tokens: %s", method, len(ids), result)
 
     async def _unpin(self) -> None:
         if self._pin_handle is None:
