@@ -28,12 +28,29 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, model, pool, backend, page_size: int, device: torch.device):
+    def __init__(
+        self,
+        model,
+        pool,
+        backend,
+        page_size: int,
+        device: torch.device,
+        verify_as_rows: bool | None = None,
+    ):
         self.model = model
         self.pool = pool
         self.backend = backend
         self.page_size = page_size
         self.device = device
+        # How a speculative verification of [last, d1..dk] is laid out. As rows: k+1
+        # one-query "sequences" sharing one page table, row j seeing the context up to
+        # its own position; every backend writes a step's K/V before it attends, so row
+        # j sees the drafts before it, and the step stays a decode step (on the CPU the
+        # fused decode kernel, whose cost hardly grows with rows, and the same
+        # arithmetic per row as plain decoding). As one extend of k+1 queries: attention
+        # reads the context once, not k+1 times, which is what a GPU with a long
+        # context wants (the prefill kernels take several queries over a cached prefix).
+        self.verify_as_rows = device.type == "cpu" if verify_as_rows is None else verify_as_rows
 
     def _slots(self, pages: list[int], start: int, end: int) -> torch.Tensor:
         """Cache slots of token positions [start, end) of a sequence with these pages."""
@@ -63,9 +80,15 @@ class ModelRunner:
             positions.append(torch.arange(start, end))
             slots = self._slots(seq.pages, 0, end)
             slot_mapping.append(slots[start:end])
-            context_slots.append(slots)
-            query_lens.append(n)
-            context_lens.append(end)
+            if item.draft and self.verify_as_rows:
+                for row_end in range(start + 1, end + 1):
+                    context_slots.append(slots[:row_end])
+                    query_lens.append(1)
+                    context_lens.append(row_end)
+            else:
+                context_slots.append(slots)
+                query_lens.append(n)
+                context_lens.append(end)
             if item.draft:
                 verify_ranges[index] = (len(verify_rows), n)
                 verify_rows.extend(range(offset, offset + n))

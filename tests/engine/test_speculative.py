@@ -94,8 +94,14 @@ def llm(model_dir):
     )
 
 
+# Verification laid out as one-query rows (the CPU default) or as one extend (GPUs).
+LAYOUTS = pytest.mark.parametrize("as_rows", [True, False], ids=["rows", "extend"])
+
+
+@LAYOUTS
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_identical_to_plain_decoding_alone_and_in_mixed_batches(llm, seed):
+def test_identical_to_plain_decoding_alone_and_in_mixed_batches(llm, seed, as_rows):
+    llm.engine.runner.verify_as_rows = as_rows
     batch = prompts(seed, 9)
     plain = token_ids(llm.generate(batch, greedy(False)))
     llm.engine.prefix_cache.clear()
@@ -138,8 +144,10 @@ class OracleProposer:
         pass
 
 
+@LAYOUTS
 @pytest.mark.parametrize("seed", [3, 4])
-def test_any_draft_gives_plain_output_and_exact_rollback(llm, seed):
+def test_any_draft_gives_plain_output_and_exact_rollback(llm, seed, as_rows):
+    llm.engine.runner.verify_as_rows = as_rows
     batch = prompts(seed, 8)
     plain = token_ids(llm.generate(batch, greedy(False, max_tokens=30)))
     engine = llm.engine
@@ -186,8 +194,9 @@ def test_sampled_and_penalised_requests_do_not_speculate(llm):
     assert llm.engine.speculator.stats()["speculative_steps"] > before
 
 
+@LAYOUTS
 @pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3"])
-def test_bit_identical_in_deterministic_mode(model_dir, kv):
+def test_bit_identical_in_deterministic_mode(model_dir, kv, as_rows):
     llm = LLM(
         str(model_dir),
         dtype="bfloat16",
@@ -196,6 +205,7 @@ def test_bit_identical_in_deterministic_mode(model_dir, kv):
         page_size=4,
         speculative="prompt_lookup",
     )
+    llm.engine.runner.verify_as_rows = as_rows
     batch = prompts(5, 6)
     llm.generate([REPEAT * 6], greedy(False, max_tokens=1))  # FP8: calibrate first
     plain = llm.generate(batch, greedy(False, logprobs=2))
@@ -211,9 +221,11 @@ def test_bit_identical_in_deterministic_mode(model_dir, kv):
     assert_pool_exact(llm)
 
 
-def test_mla_checkpoint(tmp_path):
+@LAYOUTS
+def test_mla_checkpoint(tmp_path, as_rows):
     path = build_deepseek_v3(tmp_path / "dsv3", initializer_range=0.1)
     llm = LLM(str(path), dtype="float32", kv_cache_dtype="auto", page_size=4)
+    llm.engine.runner.verify_as_rows = as_rows
     batch = prompts(6, 6)
     plain = token_ids(llm.generate(batch, greedy(False)))
     spec = token_ids(llm.generate(batch, [greedy(i % 2 == 0) for i in range(6)]))
