@@ -46,6 +46,12 @@ def serve(
         help="CPU products with 4-/8-bit grid weights: int8 activations (AVX-512 VNNI "
         "kernel, fastest), bf16 (torch's int4 kernel), or auto (int8 where it runs).",
     ),
+    speculative: str = typer.Option(
+        "none",
+        help="Speculative decoding for greedy requests: prompt_lookup (drafts copied from "
+        "the context, verified in one pass; same outputs) or none. A request's "
+        "`speculative` field overrides it.",
+    ),
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API."""
     from engine.errors import EngineError
@@ -70,6 +76,7 @@ def serve(
         max_model_len=max_model_len,
         attention_backend=attention_backend,
         cpu_kernel=cpu_kernel,
+        speculative=speculative,
     )
     try:
         check_options(options)

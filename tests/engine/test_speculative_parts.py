@@ -113,3 +113,11 @@ def test_speculator_never_drafts_past_max_tokens_the_context_or_the_budget():
     assert len(spec.draft(seq_of(prompt), limit=1)) == 1
     short = Speculator("prompt_lookup", max_draft=8, max_model_len=len(prompt) + 3)
     assert len(short.draft(seq_of(prompt), limit=10)) == 2
+
+
+def test_serve_flag_is_checked_and_reaches_the_engine_config():
+    from engine.server.launch import ServeOptions, ServeUsageError, check_options
+
+    with pytest.raises(ServeUsageError, match="--speculative"):
+        check_options(ServeOptions(model="m", speculative="draft_model"))
+    assert check_options(ServeOptions(model="m", speculative="prompt_lookup")).speculative
