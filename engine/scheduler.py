@@ -164,7 +164,8 @@ class Scheduler:
         """
         if self.speculator is None or seq.num_uncomputed != 1 or budget < 2:
             return None
-        draft = self.speculator.draft(seq, limit=budget - 1)
+        limit = min(budget, seq.max_chunk or budget) - 1
+        draft = self.speculator.draft(seq, limit=limit) if limit > 0 else []
         if not draft:
             return None
         needed = self._pages_needed(seq, 1 + len(draft))
