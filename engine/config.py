@@ -15,6 +15,8 @@ KVRotationName = Literal["auto", "none", "hadamard"]
 # int8 activations (AVX-512 VNNI kernel), BF16 activations (torch's int4 kernel),
 # auto: int8 where the kernel builds and runs, else bf16.
 CPUKernelName = Literal["auto", "int8", "bf16"]
+# none: requests speculate only when they ask; prompt_lookup: they do unless they opt out.
+SpeculativeName = Literal["none", "prompt_lookup"]
 # Default KV budget on CPU when none is given; GPUs size from free memory.
 DEFAULT_CPU_KV_GIB = 1.0
 
@@ -51,6 +53,11 @@ class EngineConfig(BaseModel):
     # requests are batched, at a cost in speed (DESIGN.md §3).
     deterministic: bool = False
     cpu_kernel: CPUKernelName = "auto"
+    # Speculative decoding (engine/speculative): the drafter and whether requests use it
+    # by default (SamplingParams.speculative overrides per request), and the most tokens
+    # one draft may hold (drafts grow and shrink below it with the acceptance rate).
+    speculative: SpeculativeName = "none"
+    speculative_max_draft: int = Field(default=8, ge=1, le=64)
     device: str | None = None
 
 

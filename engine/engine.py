@@ -35,10 +35,12 @@ from engine.layers.cpu_grid_weights import pack_grid_weights
 from engine.loader import cast_parameters, load_model
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.runner import ModelRunner
-from engine.sampler import Sampler
+from engine.sampler import Sampler, token_logprob
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSequence, Scheduler
 from engine.sequence import Sequence, TokenLogprob
+from engine.speculative import Speculator
+from engine.speculative.verifier import accept_greedy, greedy_targets
 from engine.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,9 @@ class LLMEngine:
             if config.enable_prefix_caching
             else None
         )
+        self.speculator = Speculator(
+            config.speculative, config.speculative_max_draft, self.max_model_len
+        )
         self.scheduler = Scheduler(
             self.allocator,
             config.page_size,
@@ -127,6 +132,7 @@ class LLMEngine:
             config.max_num_batched_tokens,
             prefix_cache=self.prefix_cache,
             max_waiting=config.max_waiting,
+            speculator=self.speculator,
         )
         if config.deterministic:
             self._enable_deterministic()
@@ -345,6 +351,10 @@ class LLMEngine:
         outputs = []
         for index, item in enumerate(batch):
             seq = item.seq
+            if item.draft:
+                self._accept_draft(item, out.verify_logits[index])
+                outputs.append(self._make_output(seq))
+                continue
             seq.num_computed_tokens += item.num_tokens
             if item.num_tokens > 1:
                 self.scheduler.cache(seq)  # share a prefill with requests arriving meanwhile
@@ -353,6 +363,26 @@ class LLMEngine:
                 self._append_token(seq, token, info)
                 outputs.append(self._make_output(seq))
         return failed + outputs
+
+    def _accept_draft(self, item: ScheduledSequence, logits: torch.Tensor) -> None:
+        """Keep the verified part of a draft (engine/speculative/verifier.py), give back
+        the pages of the rest, then append the tokens one at a time through the same
+        stop checks as a plain decode step."""
+        seq, draft = item.seq, item.draft
+        tokens = accept_greedy(draft, greedy_targets(logits))
+        accepted = len(tokens) - 1
+        # KV is now valid for the pending token and the accepted draft tokens; the
+        # rejected ones' slots are past the end and will be overwritten.
+        seq.num_computed_tokens += 1 + accepted
+        self.scheduler.rollback(seq)
+        self.speculator.verified(seq, len(draft), accepted)
+        top_n = seq.params.logprobs
+        logprobs = torch.log_softmax(logits.float().cpu(), -1) if top_n is not None else None
+        for row, token in enumerate(tokens):
+            info = token_logprob(logprobs[row], token, top_n) if logprobs is not None else None
+            self._append_token(seq, token, info)
+            if seq.is_finished:
+                break
 
     def _wants_chunk_logits(self, item: ScheduledSequence) -> bool:
         seq = item.seq
@@ -501,6 +531,7 @@ class LLMEngine:
             "kv_scales": scales_in_force(self.pool, self.kv_rotation),
             "attention_backend": self.runner.backend.name,
             "cpu_kernel": self.cpu_kernel,
+            **self.speculator.stats(),
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
         }

@@ -7,7 +7,7 @@ tables, and returns the logits rows the engine asked for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,15 +23,34 @@ class StepOutput:
     sample_rows: list[int]  # indices into the scheduled list that sample a token
     # Per scheduled index: logits of every token in its chunk, when it asked for them.
     chunk_logits: dict[int, torch.Tensor]
+    # Per scheduled index with a draft: logits of each of its 1 + len(draft) rows.
+    verify_logits: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class ModelRunner:
-    def __init__(self, model, pool, backend, page_size: int, device: torch.device):
+    def __init__(
+        self,
+        model,
+        pool,
+        backend,
+        page_size: int,
+        device: torch.device,
+        verify_as_rows: bool | None = None,
+    ):
         self.model = model
         self.pool = pool
         self.backend = backend
         self.page_size = page_size
         self.device = device
+        # How a speculative verification of [last, d1..dk] is laid out. As rows: k+1
+        # one-query "sequences" sharing one page table, row j seeing the context up to
+        # its own position; every backend writes a step's K/V before it attends, so row
+        # j sees the drafts before it, and the step stays a decode step (on the CPU the
+        # fused decode kernel, whose cost hardly grows with rows, and the same
+        # arithmetic per row as plain decoding). As one extend of k+1 queries: attention
+        # reads the context once, not k+1 times, which is what a GPU with a long
+        # context wants (the prefill kernels take several queries over a cached prefix).
+        self.verify_as_rows = device.type == "cpu" if verify_as_rows is None else verify_as_rows
 
     def _slots(self, pages: list[int], start: int, end: int) -> torch.Tensor:
         """Cache slots of token positions [start, end) of a sequence with these pages."""
@@ -50,19 +69,30 @@ class ModelRunner:
         last_rows: list[int] = []
         sample_rows: list[int] = []
         chunk_ranges: dict[int, tuple[int, int]] = {}
+        verify_rows: list[int] = []
+        verify_ranges: dict[int, tuple[int, int]] = {}  # index -> (first of verify_rows, count)
         offset = 0
         for index, item in enumerate(batch):
             seq, n = item.seq, item.num_tokens
             start = seq.num_computed_tokens
             end = start + n
-            input_ids.extend(seq.token_ids[start:end])
+            input_ids.extend(item.token_ids())
             positions.append(torch.arange(start, end))
             slots = self._slots(seq.pages, 0, end)
             slot_mapping.append(slots[start:end])
-            context_slots.append(slots)
-            query_lens.append(n)
-            context_lens.append(end)
-            if item.reaches_end:
+            if item.draft and self.verify_as_rows:
+                for row_end in range(start + 1, end + 1):
+                    context_slots.append(slots[:row_end])
+                    query_lens.append(1)
+                    context_lens.append(row_end)
+            else:
+                context_slots.append(slots)
+                query_lens.append(n)
+                context_lens.append(end)
+            if item.draft:
+                verify_ranges[index] = (len(verify_rows), n)
+                verify_rows.extend(range(offset, offset + n))
+            elif item.reaches_end:
                 sample_rows.append(index)
                 last_rows.append(offset + n - 1)
             if index in want_chunk_logits:
@@ -75,11 +105,16 @@ class ModelRunner:
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos = torch.cat(positions).to(self.device)
         hidden = self.model(ids, pos, ctx)
-        rows = torch.tensor(last_rows, dtype=torch.long, device=self.device)
-        sample_logits = (
-            self.model.compute_logits(hidden[rows]) if last_rows else hidden.new_empty(0)
-        )
+        # Sampling rows, then verification rows: one product through the LM head.
+        all_rows = last_rows + verify_rows
+        rows = torch.tensor(all_rows, dtype=torch.long, device=self.device)
+        logits = self.model.compute_logits(hidden[rows]) if all_rows else hidden.new_empty(0)
+        first = len(last_rows)
+        verify_logits = {
+            index: logits[first + a : first + a + n] for index, (a, n) in verify_ranges.items()
+        }
+        sample_logits = logits[:first] if verify_ranges else logits
         chunk_logits = {
             index: self.model.compute_logits(hidden[a:b]) for index, (a, b) in chunk_ranges.items()
         }
-        return StepOutput(sample_logits, sample_rows, chunk_logits)
+        return StepOutput(sample_logits, sample_rows, chunk_logits, verify_logits)

@@ -29,6 +29,9 @@ class SamplingParams:
     # Constrained decoding: the output follows this JSON schema, regex or tool-call
     # format (engine.grammar); it ends when the grammar does.
     structured: StructuredOutput | None = None
+    # Speculative decoding (engine.speculative) for this request: None follows the
+    # engine's default; only greedy requests without penalties or grammar speculate.
+    speculative: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -17,23 +17,34 @@ and gives them back when the sequence finishes or is preempted.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.errors import EngineOverloadedError
 from engine.kv.pages import PageAllocator
 from engine.kv.radix import RadixCache
 from engine.sequence import Sequence, SequenceStatus
+from engine.speculative import Speculator
 
 
 @dataclass
 class ScheduledSequence:
     seq: Sequence
     num_tokens: int
+    # Speculative decoding: tokens drafted after the pending last token. The step then
+    # runs [last token, *draft] (num_tokens = 1 + len(draft)) and verifies every row.
+    draft: list[int] = field(default_factory=list)
 
     @property
     def reaches_end(self) -> bool:
         """True when this chunk ends at the sequence's last token, so it samples."""
         return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+    def token_ids(self) -> list[int]:
+        """The tokens this step feeds the model."""
+        start = self.seq.num_computed_tokens
+        if self.draft:
+            return self.seq.token_ids[start:] + self.draft
+        return self.seq.token_ids[start : start + self.num_tokens]
 
 
 class Scheduler:
@@ -45,8 +56,10 @@ class Scheduler:
         max_num_batched_tokens: int,
         prefix_cache: RadixCache | None = None,
         max_waiting: int | None = None,
+        speculator: Speculator | None = None,
     ):
         self.allocator = allocator
+        self.speculator = speculator
         self.prefix_cache = prefix_cache
         self.max_waiting = max_waiting
         self.page_size = page_size
@@ -105,6 +118,11 @@ class Scheduler:
         queue = sorted(self.running, key=lambda s: s.arrival)
         while queue and budget > 0:
             seq = queue.pop(0)
+            verify = self._speculate(seq, budget, others=len(queue))
+            if verify is not None:
+                scheduled.append(verify)
+                budget -= verify.num_tokens
+                continue
             num_tokens = self._chunk(seq, budget)
             while not self._grow(seq, num_tokens):
                 victim = queue.pop() if queue else None
@@ -136,6 +154,35 @@ class Scheduler:
             scheduled.append(ScheduledSequence(seq, num_tokens))
             budget -= num_tokens
         return scheduled
+
+    def _speculate(self, seq: Sequence, budget: int, others: int) -> ScheduledSequence | None:
+        """A verification step for a decoding sequence with a draft, if it fits.
+
+        Drafts only use pages that are free now and leave one per running
+        sequence still to be scheduled, so speculation never evicts cached
+        prefixes or preempts anyone; otherwise the sequence decodes plainly.
+        """
+        if self.speculator is None or seq.num_uncomputed != 1 or budget < 2:
+            return None
+        limit = min(budget, seq.max_chunk or budget) - 1
+        draft = self.speculator.draft(seq, limit=limit) if limit > 0 else []
+        if not draft:
+            return None
+        needed = self._pages_needed(seq, 1 + len(draft))
+        if needed > self.allocator.num_free - others:
+            return None
+        seq.pages.extend(self.allocator.allocate(needed))
+        return ScheduledSequence(seq, 1 + len(draft), draft)
+
+    def rollback(self, seq: Sequence) -> None:
+        """Give back the pages past the verified tokens (num_computed_tokens, already
+        set). They were allocated for this step's draft, so the sequence is their only
+        holder and the prefix cache never saw them: they go straight back to the pool.
+        Slots of rejected tokens in a kept page are simply overwritten later."""
+        keep = -(-seq.num_computed_tokens // self.page_size)
+        if len(seq.pages) > keep:
+            self.allocator.release(seq.pages[keep:])
+            del seq.pages[keep:]
 
     def _fail_unschedulable(self, seq: Sequence, num_tokens: int) -> None:
         needed = -(-num_tokens // self.page_size)
@@ -177,3 +224,5 @@ class Scheduler:
         if reason != "abort":
             self.cache(seq)
         self.free(seq)
+        if self.speculator is not None:
+            self.speculator.release(seq)

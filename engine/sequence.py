@@ -51,6 +51,8 @@ class Sequence:
     collected_logits: list[torch.Tensor] = field(default_factory=list)
     detok: object | None = None  # IncrementalDetokenizer
     grammar: Any = None  # engine.grammar.matcher.RequestGrammar when params.structured is set
+    # Speculative decoding's per-sequence state (engine.speculative): draft size, n-gram index.
+    draft_state: dict[str, Any] = field(default_factory=dict)
     text: str = ""
     emitted_text_len: int = 0
     emitted_token_len: int = 0

@@ -52,6 +52,12 @@ def serve(
         help="Keep cached prefixes' KV on disk: saved when the server stops, restored "
         "when it starts (`resident cache list|clear`).",
     ),
+    speculative: str = typer.Option(
+        "none",
+        help="Speculative decoding for greedy requests: prompt_lookup (drafts copied from "
+        "the context, verified in one pass; same outputs) or none. A request's "
+        "`speculative` field overrides it.",
+    ),
 ) -> None:
     """Serve the model over HTTP: OpenAI chat and completions, Responses, Anthropic Messages."""
     from engine.errors import EngineError
@@ -77,6 +83,7 @@ def serve(
         attention_backend=attention_backend,
         cpu_kernel=cpu_kernel,
         kv_disk=kv_disk,
+        speculative=speculative,
     )
     try:
         check_options(options)

@@ -23,6 +23,7 @@ KV_DTYPES = ("auto", "bf16", "fp8_e4m3")
 KV_ROTATIONS = ("auto", "none", "hadamard")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 CPU_KERNELS = ("auto", "int8", "bf16")
+SPECULATIVE = ("none", "prompt_lookup")
 
 
 class ServeUsageError(ValueError):
@@ -52,6 +53,7 @@ class ServeOptions:
     cpu_kernel: str = default_setting("cpu_kernel")  # grid-weight products: int8 or bf16
     # Cached prefixes' KV kept on disk across restarts (engine/prefix_store.py).
     kv_disk: bool = True
+    speculative: str = default_setting("speculative")  # none or prompt_lookup
 
 
 def is_loopback(host: str) -> bool:
@@ -79,6 +81,7 @@ def check_options(options: ServeOptions) -> ServeOptions:
         ("--kv-rotation", options.kv_rotation, KV_ROTATIONS),
         ("--attention-backend", options.attention_backend, ATTENTION_BACKENDS),
         ("--cpu-kernel", options.cpu_kernel, CPU_KERNELS),
+        ("--speculative", options.speculative, SPECULATIVE),
     ):
         if value not in allowed:
             raise ServeUsageError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
@@ -131,6 +134,7 @@ def build_engine(options: ServeOptions):
         cpu_kernel=options.cpu_kernel,
         max_num_seqs=options.max_num_seqs,
         kv_disk=options.kv_disk,
+        speculative=options.speculative,
     )
     return AsyncEngine.open(EngineConfig(**settings))
 

@@ -110,6 +110,7 @@ class SamplingFields(_Lenient):
     repetition_penalty: float = Field(default=1.0, gt=0)
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
+    speculative: bool | None = None  # prompt-lookup speculation; None: the server's default
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool | None = None  # None: the server decides (see chat_rendering)
     cache_salt: str | None = Field(default=None, max_length=256)

@@ -135,6 +135,7 @@ def sampling_params(
             stop=request.stop,
             stop_token_ids=list(request.stop_token_ids or []),
             ignore_eos=request.ignore_eos,
+            speculative=request.speculative,
             include_stop_str_in_output=request.include_stop_str_in_output,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,

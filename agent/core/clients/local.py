@@ -54,6 +54,10 @@ def start_engine(model: str, **config: Any) -> Any:
     # The disk tier on: the next session on the same repository state restores the
     # resident prefix's KV instead of prefilling it.
     config.setdefault("kv_disk", True)
+    # Prompt-lookup speculation on by default: the agent decodes greedily, and what it
+    # writes (edited files, functions with a line changed) is mostly already in its
+    # context; outputs are the same as without it (engine/speculative).
+    config.setdefault("speculative", "prompt_lookup")
     return AsyncEngine(EngineConfig(model=model, **config))
 
 

@@ -1,0 +1,89 @@
+"""The engine's side of speculative decoding: who drafts, how much, and the tally.
+
+Which requests speculate: greedy ones (temperature 0 or top_k 1), when the
+request asks for it or leaves it to the engine's default. Not speculated,
+because a draft could not be verified exactly by a plain argmax over its
+rows: sampled requests (that needs rejection sampling against the target's
+distribution), requests with presence, frequency or repetition penalties
+(each row's penalties depend on the drafted tokens before it), and
+constrained decoding (each row's grammar mask depends on them too). Stop
+strings, stop tokens, EOS, max_tokens and logprobs need no exclusion: the
+engine appends verified tokens one at a time through the same checks as a
+plain decode step and stops where those stop.
+"""
+
+from __future__ import annotations
+
+from engine.sequence import Sequence
+from engine.speculative.adaptive import AdaptiveK
+from engine.speculative.prompt_lookup import PromptLookupProposer
+from engine.speculative.proposer import Proposer
+
+METHODS = ("none", "prompt_lookup")
+
+
+def make_proposer(method: str) -> Proposer:
+    if method in ("none", "prompt_lookup"):
+        # "none" only changes the default: a request may still ask for prompt lookup.
+        return PromptLookupProposer()
+    raise ValueError(f"speculative method {method!r}: use one of {METHODS}")
+
+
+class Speculator:
+    def __init__(self, method: str, max_draft: int, max_model_len: int):
+        self.proposer = make_proposer(method)
+        self.default_on = method != "none"
+        self.max_draft = max_draft
+        self.max_model_len = max_model_len
+        self.steps = 0  # verifications run
+        self.drafted = 0
+        self.accepted = 0
+
+    def wants(self, seq: Sequence) -> bool:
+        params = seq.params
+        on = params.speculative if params.speculative is not None else self.default_on
+        return (
+            on
+            and params.greedy
+            and seq.grammar is None
+            and params.presence_penalty == 0
+            and params.frequency_penalty == 0
+            and params.repetition_penalty == 1
+        )
+
+    def draft(self, seq: Sequence, limit: int) -> list[int]:
+        """Tokens to verify after seq's pending last token, at most `limit` of them."""
+        if not self.wants(seq):
+            return []
+        adaptive = seq.draft_state.get("k")
+        if adaptive is None:
+            adaptive = seq.draft_state["k"] = AdaptiveK(self.max_draft)
+        # Never draft past max_tokens or the context: those tokens could not be kept.
+        room = min(
+            seq.params.max_tokens - len(seq.output_token_ids) - 1,
+            self.max_model_len - seq.num_tokens - 1,
+            limit,
+        )
+        if room <= 0:
+            return []
+        k = min(adaptive.allow(), room)
+        return self.proposer.propose(seq, k) if k > 0 else []
+
+    def verified(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        seq.draft_state["k"].update(drafted, accepted)
+        self.proposer.verified(seq, drafted, accepted)
+
+    def release(self, seq: Sequence) -> None:
+        self.proposer.release(seq)
+        seq.draft_state.pop("k", None)
+
+    def stats(self) -> dict:
+        return {
+            "speculative_steps": self.steps,
+            "speculative_drafted_tokens": self.drafted,
+            "speculative_accepted_tokens": self.accepted,
+            "speculative_acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+        }
