@@ -369,6 +369,14 @@ class LLMEngine:
         the pages of the rest, then append the tokens one at a time through the same
         stop checks as a plain decode step."""
         seq, draft = item.seq, item.draft
+        top_n = seq.params.logprobs
+        raw = logits
+        if seq.grammar is not None:
+            from engine.grammar.masks import apply_draft_masks  # xgrammar only when used
+
+            raw = logits.clone() if top_n is not None else logits  # logprobs: the model's own
+            seq.grammar.sync(seq.output_token_ids)
+            apply_draft_masks(logits, seq.grammar, draft)
         tokens = accept_greedy(draft, greedy_targets(logits))
         accepted = len(tokens) - 1
         # KV is now valid for the pending token and the accepted draft tokens; the
@@ -376,10 +384,11 @@ class LLMEngine:
         seq.num_computed_tokens += 1 + accepted
         self.scheduler.rollback(seq)
         self.speculator.verified(seq, len(draft), accepted)
-        top_n = seq.params.logprobs
-        logprobs = torch.log_softmax(logits.float().cpu(), -1) if top_n is not None else None
+        logprobs = torch.log_softmax(raw.float().cpu(), -1) if top_n is not None else None
         for row, token in enumerate(tokens):
             info = token_logprob(logprobs[row], token, top_n) if logprobs is not None else None
+            if seq.grammar is not None:
+                seq.grammar.accept(token)  # as the sampler does for a sampled token
             self._append_token(seq, token, info)
             if seq.is_finished:
                 break

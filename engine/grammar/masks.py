@@ -89,3 +89,15 @@ def _apply_sparse_rows(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[i
         logits[row].fill_(float("-inf"))
         logits[row, allowed] = kept
     return dense
+
+
+@torch.inference_mode()
+def apply_draft_masks(logits: torch.Tensor, grammar: Any, draft: list[int]) -> None:
+    """Mask, in place, the len(draft)+1 verification rows of one speculating request:
+    row j allows what the grammar allows after the output and draft[:j], so each
+    row's argmax is what a constrained plain decode step would pick there."""
+    bitmask = xgr.allocate_token_bitmask(logits.shape[0], logits.shape[-1])
+    grammar.fill_draft(bitmask, draft)
+    if logits.device.type != "cpu":
+        bitmask = bitmask.to(logits.device, non_blocking=True)
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[-1])

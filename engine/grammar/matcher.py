@@ -8,9 +8,12 @@ before every mask, so no path can leave the two apart:
 - preemption: the scheduler frees the pages and recomputes prompt plus
   output later, but the output tokens stay, so the matcher stays too (sync
   finds nothing to do);
-- output tokens taken back or replaced (nothing does today; speculative
-  decoding would): sync rolls the matcher back to where the two part and
-  accepts the rest;
+- output tokens taken back or replaced: sync rolls the matcher back to
+  where the two part and accepts the rest;
+- speculative decoding: a draft is cut to the part the grammar allows
+  (`valid_prefix`), and its verification rows get one mask each
+  (`fill_draft`); both leave the matcher where they found it, and the
+  verified tokens are accepted one by one as they are appended;
 - stop, abort, finish: the matcher is dropped with the sequence.
 
 A token the grammar rejects cannot be sampled (its logit is -inf); if one is
@@ -82,3 +85,35 @@ class RequestGrammar:
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens`, in order, the grammar allows after the output so far.
+
+        A token that would end the grammar ends the count before it: the
+        model's own next token says that, and a verification row after an
+        ended grammar would have no mask."""
+        if self.done:
+            return 0
+        taken = 0
+        for token in tokens:
+            if not self.matcher.accept_token(int(token)):
+                break
+            if self.matcher.is_terminated():
+                self.matcher.rollback(1)
+                break
+            taken += 1
+        if taken:
+            self.matcher.rollback(taken)
+        return taken
+
+    def fill_draft(self, bitmask: torch.Tensor, draft: list[int]) -> None:
+        """Row j of `bitmask`: the tokens allowed after the output and draft[:j], for every
+        j up to len(draft). The draft must be a `valid_prefix` one."""
+        for row, token in enumerate(draft):
+            self.matcher.fill_next_token_bitmask(bitmask, row)
+            if not self.matcher.accept_token(int(token)):
+                self.matcher.rollback(row)
+                raise GrammarError(f"drafted token {token} does not fit the grammar")
+        self.matcher.fill_next_token_bitmask(bitmask, len(draft))
+        if draft:
+            self.matcher.rollback(len(draft))

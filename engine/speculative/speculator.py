@@ -4,9 +4,12 @@ Which requests speculate: greedy ones (temperature 0 or top_k 1), when the
 request asks for it or leaves it to the engine's default. Not speculated,
 because a draft could not be verified exactly by a plain argmax over its
 rows: sampled requests (that needs rejection sampling against the target's
-distribution), requests with presence, frequency or repetition penalties
-(each row's penalties depend on the drafted tokens before it), and
-constrained decoding (each row's grammar mask depends on them too). Stop
+distribution) and requests with presence, frequency or repetition penalties
+(each row's penalties depend on the drafted tokens before it). Constrained
+decoding speculates (the agent's local requests always carry a tool-call
+grammar): a draft is cut to what the grammar allows, and each verification
+row gets the mask the grammar gives after the draft tokens before it
+(engine/grammar/masks.py `apply_draft_masks`). Stop
 strings, stop tokens, EOS, max_tokens and logprobs need no exclusion: the
 engine appends verified tokens one at a time through the same checks as a
 plain decode step and stops where those stop.
@@ -45,7 +48,7 @@ class Speculator:
         return (
             on
             and params.greedy
-            and seq.grammar is None
+            and not (seq.grammar is not None and seq.grammar.done)
             and params.presence_penalty == 0
             and params.frequency_penalty == 0
             and params.repetition_penalty == 1
@@ -67,7 +70,11 @@ class Speculator:
         if room <= 0:
             return []
         k = min(adaptive.allow(), room)
-        return self.proposer.propose(seq, k) if k > 0 else []
+        draft = self.proposer.propose(seq, k) if k > 0 else []
+        if draft and seq.grammar is not None:
+            seq.grammar.sync(seq.output_token_ids)
+            draft = draft[: seq.grammar.valid_prefix(draft)]
+        return draft
 
     def verified(self, seq: Sequence, drafted: int, accepted: int) -> None:
         self.steps += 1

@@ -92,7 +92,7 @@ def test_adaptive_k_pauses_after_repeated_first_token_misses():
     assert [k.allow() for _ in range(5)] == [0, 0, 0, 0, 1]
 
 
-def test_speculator_drafts_only_for_greedy_requests_without_penalties_or_grammar():
+def test_speculator_drafts_only_for_greedy_requests_without_penalties():
     spec = Speculator("prompt_lookup", max_draft=4, max_model_len=1000)
     prompt = [1, 2, 3, 4, 1, 2]
     assert spec.draft(seq_of(prompt), limit=10) == [3, 4, 1, 2]
