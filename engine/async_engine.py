@@ -183,8 +183,19 @@ class AsyncEngine:
         return await asyncio.to_thread(store.write, job)
 
     async def restore_prefix(self, token_ids: list[int], cache_salt: str = "") -> int:
-        """Load this prefix's saved pages into the prefix cache; returns tokens restored."""
-        return await self.call(lambda: self.engine.restore_prefix(token_ids, cache_salt))
+        """Load this prefix's saved pages into the prefix cache; returns tokens restored.
+
+        The files are read and checked off the engine thread (tens of MB for a
+        repository), so the batch keeps stepping; only the copy into the pool
+        and the tree runs on it."""
+        store = self.engine.prefix_store
+        if store is None:
+            return 0
+        plan = await self.call(lambda: store.plan(list(token_ids), cache_salt))
+        if plan is None:
+            return 0
+        records = await asyncio.to_thread(store.read, plan)
+        return await self.call(lambda: store.place(plan, records))
 
     async def restore_saved(self) -> int:
         """Restore the saved prefixes of this engine (a server starting)."""

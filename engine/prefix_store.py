@@ -105,6 +105,16 @@ class SaveJob:
     scales: dict | None
 
 
+@dataclass
+class RestorePlan:
+    tokens: list[int]
+    salt: str
+    start: int  # pages the tree held when planned
+    keys: list[str]  # the root key, then one key per page of `tokens`
+    scales: dict | None  # a scale set to adopt, for a pool without scales yet
+    scales_digest: str
+
+
 class PrefixStore:
     def __init__(self, engine, root: Path, budget_bytes: int):
         self.engine = engine
@@ -171,51 +181,79 @@ class PrefixStore:
 
         Stops at the first missing, damaged or unplaceable page: the rest is
         prefilled as usual, never read from a file that failed its check.
-        """
-        engine = self.engine
-        cache = engine.prefix_cache
+        The three steps are apart so that a server can read and check the
+        files off its engine thread (AsyncEngine.restore_prefix)."""
+        plan = self.plan(token_ids, salt)
+        return self.place(plan, self.read(plan)) if plan is not None else 0
+
+    def plan(self, token_ids: list[int], salt: str = "") -> RestorePlan | None:
+        """What to read: the pages past those the tree holds, under a usable scale set.
+        Engine thread (it reads the tree); cheap."""
+        cache = self.engine.prefix_cache
         if cache is None:
-            return 0
+            return None
         tokens = list(token_ids)
-        have = cache.match(tokens + [0], salt, record=False).pages
-        wanted = len(tokens) // self.page_size
-        if len(have) >= wanted:
-            return 0
+        have = len(cache.match(tokens + [0], salt, record=False).pages)
+        if have >= len(tokens) // self.page_size:
+            return None
         for digest, scales in self._candidates():
             root = root_key(self.fingerprint, digest, salt)
-            keys = chain_keys(root, tokens, self.page_size)
-            if self.tier.has_page(len(have), keys[len(have)]):
-                return self._load(tokens, salt, have, [root, *keys], scales, digest)
-        return 0
+            keys = [root, *chain_keys(root, tokens, self.page_size)]
+            if self.tier.has_page(have, keys[have + 1]):
+                return RestorePlan(tokens, salt, have, keys, scales, digest)
+        return None
 
-    def _load(self, tokens, salt, have, keys, scales, digest) -> int:
-        engine, pool, ps = self.engine, self.engine.pool, self.page_size
-        new_pages: list[int] = []
-        loaded = []
-        for depth in range(len(have), len(keys) - 1):
-            chunk = tokens[depth * ps : (depth + 1) * ps]
+    def read(self, plan: RestorePlan | None) -> list[PageRecord]:
+        """The planned pages from disk, each checked, up to the first missing or damaged
+        one. Any thread: it touches only files."""
+        if plan is None:
+            return []
+        ps, records = self.page_size, []
+        for depth in range(plan.start, len(plan.keys) - 1):
+            chunk = plan.tokens[depth * ps : (depth + 1) * ps]
             try:
-                record = self.tier.get_page(depth, keys[depth + 1], keys[depth], chunk)
+                records.append(
+                    self.tier.get_page(depth, plan.keys[depth + 1], plan.keys[depth], chunk)
+                )
             except FileNotFoundError:
                 break
             except DamagedPage as err:
                 log.warning("saved KV page %d is damaged (%s); prefilling from there", depth, err)
                 break
+        return records
+
+    def place(self, plan: RestorePlan | None, records: list[PageRecord]) -> int:
+        """Copy checked pages into the pool and the tree; returns tokens placed. Engine
+        thread. The tree may have changed since `plan`: pages it gained meanwhile are
+        skipped, and pages it lost leave a gap nothing may follow (then nothing is placed)."""
+        if plan is None or not records:
+            return 0
+        engine, pool, ps = self.engine, self.engine.pool, self.page_size
+        tokens, salt = plan.tokens, plan.salt
+        have = engine.prefix_cache.match(tokens + [0], salt, record=False).pages
+        if len(have) < plan.start:
+            return 0
+        if plan.scales is not None and pool.calibrated_layers != 0:
+            if scales_state(pool)[0] != plan.scales_digest:
+                return 0  # the pool took other scales meanwhile: these bytes mean nothing
+        new_pages: list[int] = []
+        loaded = []
+        for record in records[len(have) - plan.start :]:
             if not engine.allocator.can_allocate(1) and not cache_evict(engine, 1):
                 break
-            if scales is not None and not new_pages:
+            if plan.scales is not None and not new_pages and pool.calibrated_layers == 0:
                 # Adopt the scale set only once a page under it has checked out.
                 a, b = _scale_pair(pool)
-                pool.set_scales(torch.tensor(scales[a]), torch.tensor(scales[b]), "disk")
+                pool.set_scales(torch.tensor(plan.scales[a]), torch.tensor(plan.scales[b]), "disk")
             page = engine.allocator.allocate(1)[0]
             try:
                 pool.load_page_bytes(page, record.payload)
             except ValueError as err:
                 engine.allocator.release([page])
-                log.warning("saved KV page %d does not fit this pool (%s)", depth, err)
+                log.warning("saved KV page %d does not fit this pool (%s)", record.depth, err)
                 break
             new_pages.append(page)
-            loaded.append((depth, keys[depth + 1]))
+            loaded.append((record.depth, record.key))
         if not new_pages:
             return 0
         count = len(have) + len(new_pages)

@@ -165,3 +165,47 @@ def test_saving_keeps_the_disk_under_its_budget(tiny_llama_dir, tmp_path):
     tight.generate([other + TAIL], GREEDY)
     tight.engine.save_prefix(other)
     assert sum(p.stat().st_size for p in page_files(disk)) <= budget
+
+
+def test_async_restore_reads_files_off_the_engine_thread(saved, tiny_llama_dir, monkeypatch):
+    """A server restoring a long prefix must not stall the batch while files are read."""
+    import asyncio
+    import threading
+
+    from engine.async_engine import AsyncEngine
+
+    original, disk, _ = saved
+    read_on: list[str] = []
+    get_page = DiskTier.get_page
+
+    def recording(self, *args, **kwargs):
+        read_on.append(threading.current_thread().name)
+        return get_page(self, *args, **kwargs)
+
+    monkeypatch.setattr(DiskTier, "get_page", recording)
+    fresh = make(tiny_llama_dir, disk)
+
+    async def restore() -> int:
+        engine = AsyncEngine(engine=fresh.engine)
+        try:
+            return await engine.restore_prefix(PREFIX)
+        finally:
+            engine.shutdown()
+
+    assert asyncio.run(restore()) == 80
+    assert len(read_on) == 5 and "resident-engine" not in read_on
+    assert cached_pages(fresh, PREFIX) == cached_pages(original, PREFIX)
+
+
+def test_a_restore_planned_before_the_pool_took_other_scales_places_nothing(saved, tiny_llama_dir):
+    """Between planning (scales free to adopt) and placing, a prefill set other scales:
+    the saved FP8 bytes no longer mean anything in this pool."""
+    _, disk, _ = saved
+    fresh = make(tiny_llama_dir, disk)
+    store = fresh.engine.prefix_store
+    plan = store.plan(PREFIX)
+    records = store.read(plan)
+    assert plan is not None and len(records) == 5
+    fresh.generate([list(range(200, 240))], GREEDY)  # calibrates the pool on other text
+    assert fresh.engine.pool.calibrated_layers > 0
+    assert store.place(plan, records) == 0
