@@ -134,9 +134,9 @@ class AsyncEngine:
             # Compiling a grammar costs milliseconds, and the first one walks the
             # whole vocabulary (seconds for Kimi's): done here, off the engine
             # thread, it is cached when `add` asks, and the batch keeps stepping.
-            from engine.grammar.backend import request_grammar  # xgrammar only when used
+            from engine.grammar.backend import precompile  # xgrammar only when used
 
-            await asyncio.to_thread(request_grammar, self.engine, params)
+            await asyncio.to_thread(precompile, self.engine, params)
 
         def add() -> None:
             self.engine.add_request(prompt, params, request_id=request_id, cache_salt=cache_salt)

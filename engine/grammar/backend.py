@@ -85,6 +85,23 @@ def backend_for(tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int]) 
         return backend
 
 
+def engine_backend(engine: Any) -> GrammarBackend:
+    """The backend for an LLMEngine's tokenizer; GrammarError when the model has none."""
+    try:
+        return backend_for(engine.tokenizer, engine.model_config.vocab_size, engine.eos_token_ids)
+    except ValueError as error:
+        raise GrammarError(
+            f"constrained decoding is unavailable for this model: {error}"
+        ) from error
+
+
+def precompile(engine: Any, params: Any) -> None:
+    """Build the vocabulary and compile `params.structured` into the caches, so the
+    engine thread's `request_grammar` only makes the matcher (AsyncEngine calls this
+    from a worker thread)."""
+    engine_backend(engine).compile(params.structured)
+
+
 def request_grammar(engine: Any, params: Any) -> RequestGrammar:
     """The matcher for a request to `engine` (an LLMEngine) with `params.structured` set.
 
@@ -92,12 +109,4 @@ def request_grammar(engine: Any, params: Any) -> RequestGrammar:
     (also under ignore_eos: a grammar that has ended has nothing more to say)
     and the request's stop_token_ids.
     """
-    try:
-        backend = backend_for(
-            engine.tokenizer, engine.model_config.vocab_size, engine.eos_token_ids
-        )
-    except ValueError as error:
-        raise GrammarError(
-            f"constrained decoding is unavailable for this model: {error}"
-        ) from error
-    return backend.request_grammar(params.structured, params.stop_token_ids)
+    return engine_backend(engine).request_grammar(params.structured, params.stop_token_ids)
