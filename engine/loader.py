@@ -1,4 +1,11 @@
-"""Loads a model folder: config.json plus safetensors weights, single-file or sharded."""
+"""Loads a model folder: config.json plus safetensors weights, single-file or sharded.
+
+The model is built with its parameters on the meta device, each parameter
+then gets uninitialised storage in its final dtype on the target device, and
+the checkpoint is streamed into them one tensor at a time, each read only as
+far as this rank's slice reaches (engine/weights/lazy.py). A rank's peak
+memory during load is therefore its own weights plus one tensor.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,8 @@ from engine.errors import CheckpointError
 from engine.model_config import ModelConfig, load_config
 from engine.models import model_class
 from engine.weights.formats import weight_decoder
+from engine.weights.lazy import LazyTensor, materialize
+from engine.weights.meta_init import materialize_parameters, parameters_on_meta
 from engine.weights.names import CheckpointNames
 
 log = logging.getLogger(__name__)
@@ -51,16 +60,17 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 
 
 def iter_tensors(
-    files: list[Path], rename: Callable[[str], str | None] | None = None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Tensors of the files in turn; `rename` maps a name to the model's, or None to skip it unread."""
+    files: list[Path], rename: Callable[[str], str | None] | None = None, lazy: bool = False
+) -> Iterator[tuple[str, torch.Tensor | LazyTensor]]:
+    """Tensors of the files in turn; `rename` maps a name to the model's, or None to skip it
+    unread. `lazy`: LazyTensors, read when sliced, valid until the next one is asked for."""
     for file in files:
         try:
             with safe_open(str(file), framework="pt") as handle:
                 for name in handle.keys():
                     target = rename(name) if rename is not None else name
                     if target is not None:
-                        yield target, handle.get_tensor(name)
+                        yield target, LazyTensor(handle, name) if lazy else handle.get_tensor(name)
         except (OSError, RuntimeError, ValueError) as err:
             if isinstance(err, CheckpointError):
                 raise
@@ -104,17 +114,24 @@ def load_model(
     cfg = load_config(model_dir)
     cls = model_class(cfg.architecture)
     files = checkpoint_files(model_dir)
-    model = cls(cfg)
+    with parameters_on_meta():
+        model = cls(cfg)
     cast_parameters(model, dtype)
+    materialize_parameters(model, device)
     scale_tensors: dict[str, torch.Tensor] = {}
     names = CheckpointNames(cfg)
     # Quantized checkpoints (FP8 block, INT4) become plain weights in the serving dtype.
     decoder = weight_decoder(cfg, dtype, names.prefix)
 
+    def wanted(name: str) -> str | None:
+        # Decided from the name: what this rank does not hold is never read.
+        target = names.map(name)
+        return None if target is None or model.skip_checkpoint_tensor(target) else target
+
     def weights() -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in decoder.stream(iter_tensors(files, names.map)):
+        for name, tensor in decoder.stream(iter_tensors(files, wanted, lazy=True)):
             if name.endswith(("self_attn.k_scale", "self_attn.v_scale")):
-                scale_tensors[name] = tensor
+                scale_tensors[name] = materialize(tensor)
                 continue
             yield name, tensor
         names.log_skipped()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,18 @@ def set_layout(new: ParallelLayout) -> None:
     """Set the layout the next model built in this process takes (tests, workers)."""
     global _layout
     _layout = new
+
+
+@contextmanager
+def unsplit():
+    """Build layers whole inside this block (an expert-parallel rank's own experts)."""
+    global _layout
+    saved = _layout
+    _layout = ParallelLayout(1, 0, saved.expert_parallel)
+    try:
+        yield
+    finally:
+        _layout = saved
 
 
 def init_distributed(

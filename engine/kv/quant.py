@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.distributed import parallel
+
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 # Multiply a value dequantized by `fp8_bits_to_half` by this to get the e4m3 value.
@@ -53,8 +55,13 @@ def dequantize_fp8(
 
 
 def calibrate_scale(x: torch.Tensor, margin: float = CALIBRATION_MARGIN) -> float:
-    """A per-tensor scale from observed values: amax / 448 with headroom."""
-    amax = float(x.detach().abs().max()) if x.numel() else 0.0
+    """A per-tensor scale from observed values: amax / 448 with headroom.
+
+    Under tensor parallelism each rank sees its own heads; the maximum over the
+    ranks gives every rank the scale one process would have chosen."""
+    x = x.detach()
+    amax = x.abs().max().float().reshape(1) if x.numel() else x.new_zeros(1, dtype=torch.float32)
+    amax = float(parallel.all_reduce_max(amax)[0])
     return max(amax * margin / FP8_MAX, MIN_SCALE)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 KV_DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8_e4m3": 1, "float32": 4}
 
@@ -21,6 +21,14 @@ class KVLayout:
     head_dim: int = 0
     latent_dim: int = 0  # MLA: kv_lora_rank + qk_rope_head_dim
 
+    def for_rank(self, tp: int) -> KVLayout:
+        """What one tensor-parallel rank's pool holds: its share of the GQA heads
+        (one replicated head when there are fewer heads than ranks); MLA's latent
+        is replicated, so every rank holds all of it."""
+        if self.kind == "mla" or tp == 1:
+            return self
+        return replace(self, num_kv_heads=max(1, -(-self.num_kv_heads // tp)))
+
     @property
     def values_per_token(self) -> int:
         if self.kind == "mla":
@@ -32,11 +40,7 @@ def kv_bytes_per_token(layout: KVLayout, kv_dtype: str, tp: int = 1) -> int:
     """Bytes one token occupies on one GPU (GQA heads split across TP ranks; MLA replicates)."""
     if kv_dtype not in KV_DTYPE_BYTES:
         raise ValueError(f"unknown KV dtype {kv_dtype!r}; use one of {sorted(KV_DTYPE_BYTES)}")
-    element = KV_DTYPE_BYTES[kv_dtype]
-    if layout.kind == "mla":
-        return layout.values_per_token * element
-    heads_per_rank = max(1, -(-layout.num_kv_heads // tp))
-    return 2 * layout.num_layers * heads_per_rank * layout.head_dim * element
+    return layout.for_rank(tp).values_per_token * KV_DTYPE_BYTES[kv_dtype]
 
 
 def capacity_tokens(

@@ -7,6 +7,13 @@ index_add_). A dense product over all experts would cost E/k times the work:
 
 Checkpoint names follow DeepSeek V3 and GLM-4.5: `mlp.gate.weight`,
 `mlp.gate.e_score_correction_bias`, `mlp.experts.N.*`, `mlp.shared_experts.*`.
+Tensor parallel (docs/DISTRIBUTED.md): the router runs on every rank (the
+input is the same everywhere). Routed experts are either split inside (each
+rank holds a slice of every expert's intermediate dimension; the default)
+or dealt whole to ranks (expert parallel: expert e on rank e % tp). Either
+way each rank's output is a partial sum, and the block sums it over the
+ranks once, shared experts included.
+
 The router stays in float32 whatever the serving dtype (the model lists it in
 `fp32_parameter_suffixes`): expert choice is a ranking of close scores, and
 rounding the router to bfloat16 would change which experts run.
@@ -14,14 +21,30 @@ rounding the router to bfloat16 would change which experts run.
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.distributed import parallel
 from engine.layers.moe_routing import RoutingConfig, route
 
 # Parameter-name suffixes that the loader keeps in float32.
 ROUTER_FP32_SUFFIXES = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
+_EXPERT_INDEX = re.compile(r"\.mlp\.experts\.(\d+)\.")
+
+
+def is_local_expert(expert: int) -> bool:
+    """Whether this rank holds routed expert `expert` (all of them unless expert parallel)."""
+    layout = parallel.layout()
+    return not layout.expert_parallel or expert % layout.size == layout.rank
+
+
+def is_local_expert_tensor(name: str) -> bool:
+    """False for a checkpoint tensor of a routed expert another rank holds."""
+    match = _EXPERT_INDEX.search(name)
+    return match is None or is_local_expert(int(match.group(1)))
 
 
 class TopKRouter(nn.Module):
@@ -42,20 +65,26 @@ class TopKRouter(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """Routed experts plus shared experts; each expert maps [n, hidden] -> [n, hidden]."""
+    """Routed experts plus shared experts; each expert maps [n, hidden] -> [n, hidden].
+
+    `make_expert(e)` builds routed expert e; it is called only for the experts
+    this rank holds (the others are None in `experts`, and hold no memory).
+    Experts and shared experts return partial sums; `forward` all-reduces once."""
 
     def __init__(
         self,
         hidden_size: int,
         routing: RoutingConfig,
-        experts: list[nn.Module],
+        make_expert,
         shared_experts: nn.Module | None = None,
     ):
         super().__init__()
-        if len(experts) != routing.num_experts:
-            raise ValueError(f"{len(experts)} experts given, routing expects {routing.num_experts}")
         self.gate = TopKRouter(hidden_size, routing)
-        self.experts = nn.ModuleList(experts)
+        self.experts = nn.ModuleList(
+            make_expert(e) if is_local_expert(e) else nn.Identity()
+            for e in range(routing.num_experts)
+        )
+        self.local = [is_local_expert(e) for e in range(routing.num_experts)]
         self.shared_experts = shared_experts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -63,7 +92,7 @@ class SparseMoE(nn.Module):
         out = self.run_experts(x, weights, expert_ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
-        return out
+        return parallel.all_reduce(out)
 
     def run_experts(
         self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor
@@ -79,8 +108,9 @@ class SparseMoE(nn.Module):
         pair_weights = weights.reshape(-1)[order]
         out = torch.zeros_like(x)
         start = 0
-        for expert, count in zip(self.experts, counts, strict=True):
-            if count == 0:
+        for expert, local, count in zip(self.experts, self.local, counts, strict=True):
+            if count == 0 or not local:
+                start += count
                 continue
             rows = token_rows[start : start + count]
             y = expert(x.index_select(0, rows))

@@ -9,11 +9,15 @@ import torch
 from torch import nn
 
 from engine.attention.metadata import AttentionMetadata
+from engine.distributed import parallel
 from engine.errors import CheckpointError
 from engine.kv.rotation import HadamardRotation
 from engine.kv.sizing import KVLayout
-from engine.layers.linear import FusedLinear
+from engine.layers.linear import ColumnParallelLinear, FusedLinear
+from engine.layers.moe import is_local_expert_tensor
 from engine.layers.norm import RMSNorm
+from engine.layers.vocab_parallel import ParallelLMHead
+from engine.weights.lazy import materialize
 
 
 @dataclass
@@ -82,7 +86,7 @@ class CausalLM(nn.Module):
 
         self.config = cfg
         self.model = LlamaModel(cfg, layer_factory)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size)
         self.tie_word_embeddings = bool(cfg.get("tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -91,14 +95,14 @@ class CausalLM(nn.Module):
         return self.model(input_ids, positions, ctx)
 
     def kv_layout(self) -> KVLayout:
-        """What one token costs in the KV cache; GQA by default, MLA models override."""
+        """What one token costs in this rank's KV cache; GQA by default, MLA models override."""
         cfg = self.config
         return KVLayout(
             num_layers=cfg.num_layers,
             kind="gqa",
             num_kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim,
-        )
+        ).for_rank(parallel.tp_size())
 
     def enable_kv_rotation(self, batch_invariant: bool = False) -> str:
         """Rotate K and V before the cache in every layer (DESIGN.md §3); says what is used.
@@ -118,7 +122,8 @@ class CausalLM(nn.Module):
         return "; ".join(sorted(described))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        """Full-vocabulary float32 logits on every rank (gathered from the vocab shards)."""
+        return self.lm_head.gather(self.lm_head(hidden)).float()
 
     def checkpoint_target(self, name: str) -> tuple[str, str | None]:
         """Map a checkpoint tensor name to (parameter name, shard or None)."""
@@ -129,7 +134,8 @@ class CausalLM(nn.Module):
         return name, None
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors into parameters; every parameter must be filled."""
+        """Copy checkpoint tensors (whole or lazily read) into this rank's parameters;
+        every parameter must be filled. Split layers take only their slice."""
         params = dict(self.named_parameters())
         filled: set[str] = set()
         for name, tensor in tensors:
@@ -140,24 +146,40 @@ class CausalLM(nn.Module):
             target, shard = self.checkpoint_target(name)
             if target not in params:
                 raise CheckpointError(f"checkpoint tensor {name!r} matches no parameter")
-            param = params[target]
-            if shard is not None:
-                module = self.get_submodule(target.rsplit(".", 1)[0])
-                assert isinstance(module, FusedLinear)
-                module.load_shard(shard, target.rsplit(".", 1)[1], tensor.to(param.dtype))
-                filled.add(f"{target}:{shard}")
-                continue
-            if tuple(param.shape) != tuple(tensor.shape):
-                raise CheckpointError(
-                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}"
-                )
-            with torch.no_grad():
-                param.copy_(tensor)
-            filled.add(target)
+            module_name, kind = target.rsplit(".", 1)
+            module = self.get_submodule(module_name)
+            try:
+                filled.update(self._load_one(module, target, kind, shard, tensor))
+            except (ValueError, KeyError) as err:
+                raise CheckpointError(f"{name}: {err}") from None
         self._check_complete(params, filled)
 
+    def _load_one(self, module: nn.Module, target: str, kind: str, shard, tensor) -> list[str]:
+        """Load one checkpoint tensor into `module`; returns what it filled."""
+        if shard is not None:
+            module.load_shard(shard, kind, tensor)
+            return [f"{target}:{shard}"]
+        if hasattr(module, "load_checkpoint"):
+            module.load_checkpoint(kind, tensor)
+            return [target]
+        if isinstance(module, FusedLinear):  # the checkpoint fuses the shards already
+            module.load_concatenated(kind, tensor)
+            return [f"{target}:{s}" for s in module.shard_offsets]
+        param = getattr(module, kind)
+        if tuple(param.shape) != tuple(tensor.shape):
+            raise ValueError(
+                f"checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}"
+            )
+        with torch.no_grad():
+            param.copy_(materialize(tensor))
+        return [target]
+
     def skip_checkpoint_tensor(self, name: str) -> bool:
-        return self.tie_word_embeddings and name == "lm_head.weight"
+        """Tensors this rank does not hold: a tied head, other ranks' experts (expert
+        parallel). Decided from the name, so the loader never reads them."""
+        if self.tie_word_embeddings and name == "lm_head.weight":
+            return True
+        return not is_local_expert_tensor(name)
 
     def _check_complete(self, params: dict[str, nn.Parameter], filled: set[str]) -> None:
         missing = []
@@ -166,7 +188,7 @@ class CausalLM(nn.Module):
                 continue
             module_name, kind = name.rsplit(".", 1)
             module = self.get_submodule(module_name)
-            if isinstance(module, FusedLinear):
+            if isinstance(module, FusedLinear) and not isinstance(module, ColumnParallelLinear):
                 missing += [
                     f"{name}:{s}" for s in module.shard_offsets if f"{name}:{s}" not in filled
                 ]

@@ -15,17 +15,26 @@ Rotary: interleaved pairs on the rope dims (`rope_interleave`, default true,
 as the original DeepSeek code), YaRN scaled, and DeepSeek's mscale multiplies
 the softmax scale (engine.layers.yarn). q_a_proj and kv_a_proj_with_mqa read
 the same input, so they run as one fused matrix.
+
+Tensor parallel: the heads split over the ranks (q_b_proj / q_proj and
+kv_b_proj by output rows, o_proj by input columns, one all-reduce), while
+the latent path (q_a/kv_a, its norms) is replicated, so every rank caches
+the whole latent row of each token; docs/DISTRIBUTED.md gives the numbers
+behind that choice.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from engine.attention.mla import PATHS, MLADims, mla_attention
+from engine.distributed import parallel
 from engine.kv.mla_pool import MLALayout
 from engine.kv.rotation import HadamardRotation, rotate_input_columns, rotate_output_rows
-from engine.layers.linear import FusedLinear
+from engine.layers.linear import ColumnParallelLinear, FusedLinear, RowParallelLinear, RowSlice
 from engine.layers.moe import ROUTER_FP32_SUFFIXES
 from engine.layers.moe_routing import RoutingConfig
 from engine.layers.norm import RMSNorm
@@ -70,9 +79,11 @@ class MLAAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding):
         super().__init__()
         self.layer = layer
-        self.dims = dims = mla_dims(cfg)
-        hidden, h = cfg.hidden_size, dims.num_heads
-        qk_head_dim = dims.nope_dim + dims.rope_dim
+        full = mla_dims(cfg)
+        hidden = cfg.hidden_size
+        qk_head_dim = full.nope_dim + full.rope_dim
+        q_rows = RowSlice.heads(full.num_heads, qk_head_dim, "attention heads")
+        self.dims = dims = replace(full, num_heads=q_rows.size // qk_head_dim)
         bias = bool(cfg.get("attention_bias", False))
         self.q_lora_rank = cfg.get("q_lora_rank")
         kv_a_size = dims.lora_rank + dims.rope_dim
@@ -82,13 +93,15 @@ class MLAAttention(nn.Module):
             )
             eps = cfg.get("rms_norm_eps", 1e-6)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, eps)
-            self.q_b_proj = nn.Linear(self.q_lora_rank, h * qk_head_dim, bias=False)
+            self.q_b_proj = ColumnParallelLinear(self.q_lora_rank, q_rows, bias=False)
         else:
-            self.q_proj = nn.Linear(hidden, h * qk_head_dim, bias=False)
+            self.q_proj = ColumnParallelLinear(hidden, q_rows, bias=False)
             self.kv_a_proj_with_mqa = nn.Linear(hidden, kv_a_size, bias=bias)
         self.kv_a_layernorm = RMSNorm(dims.lora_rank, cfg.get("rms_norm_eps", 1e-6))
-        self.kv_b_proj = nn.Linear(dims.lora_rank, h * (dims.nope_dim + dims.v_dim), bias=False)
-        self.o_proj = nn.Linear(h * dims.v_dim, hidden, bias=bias)
+        kv_b_rows = RowSlice.heads(full.num_heads, dims.nope_dim + dims.v_dim, "attention heads")
+        self.kv_b_proj = ColumnParallelLinear(dims.lora_rank, kv_b_rows, bias=False)
+        o_columns = RowSlice.heads(full.num_heads, dims.v_dim, "attention heads")
+        self.o_proj = RowParallelLinear(o_columns, hidden, bias=bias)
         self.rotary = rotary
         multiplier = softmax_scale_multiplier(cfg.rope, cfg.max_position_embeddings)
         self.scale = qk_head_dim**-0.5 * multiplier
@@ -162,7 +175,7 @@ class MLAAttention(nn.Module):
             self.path,
             backend=ctx.backend,  # a backend with an MLA decode kernel takes decode steps
         )
-        return self.o_proj(out.flatten(1))
+        return parallel.all_reduce(self.o_proj(out.flatten(1)))
 
 
 def deepseek_v3_decoder_layer(

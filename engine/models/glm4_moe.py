@@ -17,13 +17,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.layers.linear import FusedLinear
+from engine.distributed import parallel
+from engine.layers.linear import RowParallelLinear, RowSlice
 from engine.layers.moe import ROUTER_FP32_SUFFIXES
 from engine.layers.moe_routing import RoutingConfig
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, model_rotary
 from engine.model_config import ModelConfig
 from engine.models.base import CausalLM, ForwardContext, PreNormDecoderLayer, RotatedKVAttention
+from engine.models.llama import gqa_qkv_proj
 from engine.models.moe_mlp import feed_forward, moe_packed_modules
 
 # transformers' Glm4MoeConfig default when a config does not say.
@@ -34,17 +36,15 @@ class Glm4MoeAttention(RotatedKVAttention, nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding):
         super().__init__()
         self.layer = layer
-        self.num_heads = cfg.num_heads
-        self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
-        q_size = self.num_heads * self.head_dim
-        kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = FusedLinear(
-            cfg.hidden_size,
-            {"q": q_size, "k": kv_size, "v": kv_size},
-            bias=bool(cfg.get("attention_bias", False)),
+        self.qkv_proj, self.num_heads, self.num_kv_heads = gqa_qkv_proj(
+            cfg, bool(cfg.get("attention_bias", False))
         )
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.o_proj = RowParallelLinear(
+            RowSlice.heads(cfg.num_heads, self.head_dim, "attention heads"),
+            cfg.hidden_size,
+            bias=False,
+        )
         if cfg.get("use_qk_norm", False):
             eps = cfg.get("rms_norm_eps", 1e-5)
             self.q_norm = RMSNorm(self.head_dim, eps)
@@ -71,7 +71,7 @@ class Glm4MoeAttention(RotatedKVAttention, nn.Module):
         out = ctx.backend.forward(self.layer, q, k, v, ctx.pool, ctx.meta, self.scale)
         if self.kv_rotation is not None:  # the values were rotated: undo it (H H = I)
             out = self.kv_rotation.rotate(out)
-        return self.o_proj(out.flatten(1))
+        return parallel.all_reduce(self.o_proj(out.flatten(1)))
 
 
 def glm4_moe_decoder_layer(

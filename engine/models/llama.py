@@ -1,14 +1,22 @@
-"""Llama-family decoder (Llama, Qwen2, SmolLM2): GQA, NeoX rotary, SwiGLU, RMSNorm."""
+"""Llama-family decoder (Llama, Qwen2, SmolLM2): GQA, NeoX rotary, SwiGLU, RMSNorm.
+
+Tensor parallel: each rank holds its query heads and their key/value heads
+(replicated when there are fewer KV heads than ranks) and a slice of the
+MLP's intermediate dimension; o_proj and down_proj give partial sums that
+the attention and MLP blocks all-reduce (docs/DISTRIBUTED.md).
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from engine.distributed import parallel
 from engine.layers.activation import silu_and_mul
-from engine.layers.linear import FusedLinear
+from engine.layers.linear import FusedLinear, RowParallelLinear, RowSlice
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, model_rotary
+from engine.layers.vocab_parallel import VocabParallelEmbedding
 from engine.model_config import ModelConfig
 from engine.models.base import CausalLM, ForwardContext, PreNormDecoderLayer, RotatedKVAttention
 
@@ -21,15 +29,13 @@ class GQAAttention(RotatedKVAttention, nn.Module):
     ):
         super().__init__()
         self.layer = layer
-        self.num_heads = cfg.num_heads
-        self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
-        q_size = self.num_heads * self.head_dim
-        kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = FusedLinear(
-            cfg.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=qkv_bias
+        self.qkv_proj, self.num_heads, self.num_kv_heads = gqa_qkv_proj(cfg, qkv_bias)
+        self.o_proj = RowParallelLinear(
+            RowSlice.heads(cfg.num_heads, self.head_dim, "attention heads"),
+            cfg.hidden_size,
+            bias=o_bias,
         )
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=o_bias)
         self.rotary = rotary
         self.scale = self.head_dim**-0.5
 
@@ -47,17 +53,32 @@ class GQAAttention(RotatedKVAttention, nn.Module):
         out = ctx.backend.forward(self.layer, q, k, v, ctx.pool, ctx.meta, self.scale)
         if self.kv_rotation is not None:  # the values were rotated: undo it (H H = I)
             out = self.kv_rotation.rotate(out)
-        return self.o_proj(out.flatten(1))
+        return parallel.all_reduce(self.o_proj(out.flatten(1)))
+
+
+def gqa_qkv_proj(cfg: ModelConfig, bias: bool) -> tuple[FusedLinear, int, int]:
+    """The fused q/k/v projection for this rank's heads: (layer, q heads, kv heads)."""
+    head_dim = cfg.head_dim
+    q = RowSlice.heads(cfg.num_heads, head_dim, "attention heads")
+    kv = RowSlice.heads(cfg.num_kv_heads, head_dim, "key/value heads", replicas=True)
+    layer = FusedLinear(cfg.hidden_size, {"q": q, "k": kv, "v": kv}, bias=bias)
+    return layer, q.size // head_dim, kv.size // head_dim
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+    """SwiGLU over this rank's slice of the intermediate dimension. `reduce`: sum the
+    partial outputs over the ranks here (a dense MLP); MoE experts leave it to the block."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False, reduce: bool = True):
         super().__init__()
-        self.gate_up_proj = FusedLinear(hidden, {"gate": intermediate, "up": intermediate}, bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        piece = RowSlice.even(intermediate, "MLP intermediate size")
+        self.gate_up_proj = FusedLinear(hidden, {"gate": piece, "up": piece}, bias)
+        self.down_proj = RowParallelLinear(piece, hidden, bias=bias)
+        self.reduce = reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        out = self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return parallel.all_reduce(out) if self.reduce else out
 
 
 def llama_decoder_layer(
@@ -74,7 +95,7 @@ def llama_decoder_layer(
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_factory):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(layer_factory(i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.get("rms_norm_eps", 1e-6))
 

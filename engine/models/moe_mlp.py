@@ -9,8 +9,11 @@ stored as one MLP of n_shared * moe_intermediate_size.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from torch import nn
 
+from engine.distributed import parallel
 from engine.layers.moe import SparseMoE
 from engine.layers.moe_routing import RoutingConfig
 from engine.model_config import ModelConfig
@@ -31,10 +34,16 @@ def feed_forward(cfg: ModelConfig, layer: int, routing: RoutingConfig | None) ->
     if routing is None or not is_moe_layer(cfg, layer):
         return GatedMLP(hidden, cfg["intermediate_size"])
     expert_size = cfg["moe_intermediate_size"]
-    experts = [GatedMLP(hidden, expert_size) for _ in range(routing.num_experts)]
+    # Expert parallel: a rank's experts are whole; else each is split like a dense MLP.
+    whole = parallel.layout().expert_parallel
+
+    def make_expert(_: int) -> GatedMLP:
+        with parallel.unsplit() if whole else nullcontext():
+            return GatedMLP(hidden, expert_size, reduce=False)
+
     num_shared = cfg.get("n_shared_experts") or 0
-    shared = GatedMLP(hidden, expert_size * num_shared) if num_shared else None
-    return SparseMoE(hidden, routing, experts, shared)
+    shared = GatedMLP(hidden, expert_size * num_shared, reduce=False) if num_shared else None
+    return SparseMoE(hidden, routing, make_expert, shared)
 
 
 def moe_packed_modules() -> dict[str, tuple[str, str]]:

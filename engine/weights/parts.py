@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from engine.errors import CheckpointError
+from engine.weights.lazy import materialize
 
 Tensors = Iterator[tuple[str, torch.Tensor]]
 
@@ -40,7 +41,7 @@ class ModulePartsDecoder:
                 continue
             module, part = found
             parts = pending.setdefault(module, {})
-            parts[part] = tensor
+            parts[part] = materialize(tensor)  # decoded whole, then sliced like any weight
             if all(p in parts for p in self.required_parts):
                 del pending[module]
                 yield from self.decode(module, parts)

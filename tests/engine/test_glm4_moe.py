@@ -224,7 +224,7 @@ def test_expert_loop_equals_dense_mixture():
     torch.manual_seed(0)
     routing = RoutingConfig(num_experts=6, top_k=2, scaling=1.5)
     experts = [GatedMLP(16, 8) for _ in range(6)]
-    moe = SparseMoE(16, routing, experts, shared_experts=GatedMLP(16, 8))
+    moe = SparseMoE(16, routing, experts.__getitem__, shared_experts=GatedMLP(16, 8))
     with torch.no_grad():
         moe.gate.weight.normal_()
         x = torch.randn(11, 16)
