@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.errors import CheckpointError
+from engine.distributed import parallel
+from engine.errors import CheckpointError, EngineError
 from engine.model_config import ModelConfig, load_config
 from engine.models import model_class
 from engine.weights.formats import weight_decoder
@@ -114,8 +115,14 @@ def load_model(
     cfg = load_config(model_dir)
     cls = model_class(cfg.architecture)
     files = checkpoint_files(model_dir)
-    with parameters_on_meta():
-        model = cls(cfg)
+    try:
+        with parameters_on_meta():
+            model = cls(cfg)
+    except ValueError as err:  # a dimension that does not split over the ranks
+        raise EngineError(
+            f"{cfg.architecture} cannot be split over {parallel.tp_size()} tensor-parallel "
+            f"ranks: {err}; choose a --tp that divides it"
+        ) from None
     cast_parameters(model, dtype)
     materialize_parameters(model, device)
     scale_tensors: dict[str, torch.Tensor] = {}
