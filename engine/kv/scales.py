@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from engine.distributed import parallel
 from engine.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,10 @@ def apply_fixed_scales(
     checkpoint_scales: tuple[torch.Tensor, torch.Tensor] | None,
     per_head: bool,
 ) -> None:
-    """Give the pool the file's or the checkpoint's scales where they fit; else it calibrates."""
+    """Give the pool the file's or the checkpoint's scales where they fit; else it calibrates.
+
+    Per-head scales are for every KV head of the model; a tensor-parallel rank
+    takes the columns of its own heads."""
     if not pool.is_fp8:
         return
     if scales_file is not None:
@@ -114,7 +118,8 @@ def apply_fixed_scales(
                 rotation,
             )
         try:
-            pool.set_scales(scales_file.first, scales_file.second, source="file")
+            first, second = (_rank_heads(t) for t in (scales_file.first, scales_file.second))
+            pool.set_scales(first, second, source="file")
         except ValueError as err:
             raise EngineError(f"{scales_file.path}: {err}") from None
         return
@@ -130,7 +135,17 @@ def apply_fixed_scales(
     first, second = checkpoint_scales
     if first.dim() == 2 and not (per_head and pool.layout.kind == "gqa"):
         first, second = first.amax(dim=1), second.amax(dim=1)  # one scale per layer
-    pool.set_scales(first, second, source="checkpoint")
+    pool.set_scales(_rank_heads(first), _rank_heads(second), source="checkpoint")
+
+
+def _rank_heads(scales: torch.Tensor) -> torch.Tensor:
+    """[layers, kv_heads] -> the columns of this rank's KV heads; [layers] unchanged."""
+    if scales.dim() != 2 or parallel.tp_size() == 1:
+        return scales
+    from engine.layers.linear import RowSlice
+
+    piece = RowSlice.heads(scales.shape[1], 1, "key/value heads", replicas=True)
+    return scales[:, piece.start : piece.start + piece.size]
 
 
 def scales_in_force(pool, rotation: str) -> dict:

@@ -100,3 +100,14 @@ def test_heads_that_do_not_split_are_refused_by_name(tmp_path, as_rank):
     as_rank(8, 0)
     with pytest.raises(EngineError, match=r"attention heads \(4\) does not split over 8"):
         load_model(folder, torch.float32, torch.device("cpu"))
+
+
+def test_per_head_kv_scales_follow_the_rank_heads(as_rank):
+    from engine.kv.scales import _rank_heads
+
+    scales = torch.tensor([[1.0, 2.0], [3.0, 4.0]])  # 2 layers x 2 KV heads
+    as_rank(2, 1)
+    assert torch.equal(_rank_heads(scales), scales[:, 1:2])
+    as_rank(4, 1)  # 2 heads over 4 ranks: ranks 0 and 1 hold head 0
+    assert torch.equal(_rank_heads(scales), scales[:, 0:1])
+    assert torch.equal(_rank_heads(scales[:, 0]), scales[:, 0])  # per layer: unchanged
