@@ -30,15 +30,13 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return out[:count].reshape(*shape[:-1], weight.shape[0]).to(x.dtype)
 
 
-def _tiled_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return tiled_linear(x, module.weight, module.bias)
-
-
 def make_linear_layers_batch_invariant(model: nn.Module) -> int:
-    """Route every nn.Linear of `model` through `tiled_linear`; returns how many."""
+    """Give every linear layer of `model` the tiled method; returns how many."""
+    from engine.layers.linear_methods import MethodLinear, TiledMethod
+
     count = 0
     for module in model.modules():
-        if isinstance(module, nn.Linear):
-            module.forward = lambda x, m=module: _tiled_forward(m, x)
+        if isinstance(module, MethodLinear):
+            module.method = TiledMethod()
             count += 1
     return count

@@ -21,6 +21,7 @@ from engine.cpu_kernels.library import library
 from engine.cpu_kernels.paged_decode import KV_KINDS, supports
 from engine.kv.rotation import HadamardRotation
 from engine.layers.cpu_grid_weights import GridWeight
+from engine.layers.linear_methods import grid_weight_of
 from engine.models.base import PreNormDecoderLayer
 from engine.models.llama import GatedMLP, GQAAttention
 
@@ -59,7 +60,7 @@ class _Model(ctypes.Structure):
 
 
 def _grid(linear: nn.Module) -> GridWeight | None:
-    packed = getattr(linear, "packed_weight", None)
+    packed = grid_weight_of(linear)
     return packed if isinstance(packed, GridWeight) else None
 
 

@@ -20,6 +20,7 @@ from torch import nn
 from engine.cpu_kernels import layer_ops
 from engine.kv.rotation import HadamardRotation
 from engine.layers.cpu_grid_weights import GridWeight
+from engine.layers.linear_methods import grid_weight_of
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import PreNormDecoderLayer
@@ -89,7 +90,7 @@ def _fuse_decode(model: nn.Module) -> int:
 
 def _logits_forward(self, hidden: torch.Tensor) -> torch.Tensor:
     """The output head straight to float32 logits (no BF16 rounding and copy)."""
-    packed = getattr(self.lm_head, "packed_weight", None)
+    packed = grid_weight_of(self.lm_head)
     if not isinstance(packed, GridWeight) or hidden.dtype not in (torch.float32, torch.bfloat16):
         return type(self).compute_logits(self, hidden)
     flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
@@ -119,7 +120,7 @@ def use_cpu_layer_kernels(model: nn.Module) -> dict[str, int]:
     their C-kernel forwards; returns how many of each were routed."""
     counts = {name: 0 for name, _ in _FORWARDS.values()} | {"rotation": 0, "head": 0}
     counts["fused decode"] = _fuse_decode(model)
-    if isinstance(getattr(getattr(model, "lm_head", None), "packed_weight", None), GridWeight):
+    if isinstance(grid_weight_of(getattr(model, "lm_head", None)), GridWeight):
         model.compute_logits = types.MethodType(_logits_forward, model)
         counts["head"] = 1
     rotations: dict[int, HadamardRotation] = {}

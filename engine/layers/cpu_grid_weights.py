@@ -31,10 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.cpu_kernels.grid_matmul import grid_matmul, pack_codes
+from engine.layers.linear_methods import DENSE, GridMethod, MethodLinear, grid_weight_of
 
 GROUP = 32
 # Up to this many rows the packed kernel is used; beyond, the dense weight.
@@ -187,26 +187,8 @@ def pack_if_on_grid(weight: torch.Tensor, kernel: str = "bf16") -> PackedWeight 
     return None
 
 
-def _packed_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    rows = x.numel() // x.shape[-1]
-    packed = module.packed_weight
-    if isinstance(packed, GridWeight):
-        flat = x.reshape(rows, x.shape[-1])
-        if flat.dtype not in (torch.float32, torch.bfloat16):
-            flat = flat.float()
-        out = packed.matmul(flat.contiguous())  # the kernel adds the bias
-        return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
-    if rows > MAX_PACKED_ROWS:
-        return F.linear(x, module.weight, module.bias)
-    flat = x.reshape(rows, x.shape[-1]).to(torch.bfloat16).contiguous()
-    out = packed.matmul(flat)
-    if module.bias is not None:
-        out = out + module.bias
-    return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
-
-
 def pack_grid_weights(model: nn.Module, kernel: str = "bf16") -> dict[str, int]:
-    """Give every float32 nn.Linear whose weight lies on a 4- or 8-bit grid a packed form.
+    """Give every float32 linear layer whose weight lies on a 4- or 8-bit grid a grid method.
 
     Call on the float32 model before casting it to BF16. Returns counts and
     bytes for the start-up log. A weight shared by two modules (tied
@@ -223,7 +205,7 @@ def pack_grid_weights(model: nn.Module, kernel: str = "bf16") -> dict[str, int]:
         for param in module.parameters(recurse=False)
     }
     for module in model.modules():
-        if not isinstance(module, nn.Linear):
+        if not isinstance(module, MethodLinear) or module.method is not DENSE:
             continue
         packed = pack_if_on_grid(module.weight, kernel)
         if packed is None:
@@ -231,8 +213,7 @@ def pack_grid_weights(model: nn.Module, kernel: str = "bf16") -> dict[str, int]:
             continue
         if isinstance(packed, GridWeight) and module.bias is not None:
             packed.bias = module.bias.detach().float().clone()
-        module.packed_weight = packed
-        module.forward = lambda x, m=module: _packed_forward(m, x)
+        module.method = GridMethod(packed, MAX_PACKED_ROWS)
         report[packed.grid] += 1
         report["packed_bytes"] += packed.nbytes
         if isinstance(packed, GridWeight) and id(module.weight) not in shared:
@@ -242,4 +223,4 @@ def pack_grid_weights(model: nn.Module, kernel: str = "bf16") -> dict[str, int]:
 
 
 def is_packed(module: nn.Module) -> bool:
-    return getattr(module, "packed_weight", None) is not None
+    return grid_weight_of(module) is not None

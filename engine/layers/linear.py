@@ -13,7 +13,8 @@ Tensor parallelism (docs/DISTRIBUTED.md) splits a layer one of two ways:
   produces a partial sum; the block that owns the layer sums the partials over
   the ranks once (one all-reduce per attention block and per MLP block). The
   bias is added by rank 0 only, so the sum holds it once.
-Both stay `nn.Linear`s whose forward is a plain product, and the loaders take
+Both are `nn.Linear`s that forward through their linear method
+(engine/layers/linear_methods.py), and the loaders take
 the slices straight from the checkpoint (`narrow` on a lazily read tensor),
 so a rank never holds a whole matrix it does not need.
 """
@@ -23,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from engine.distributed import parallel
+from engine.layers.linear_methods import MethodLinear
 from engine.weights.lazy import materialize
 
 
@@ -82,7 +83,7 @@ def _load_into(target: torch.Tensor, rows: slice, tensor: torch.Tensor, name: st
         target[rows].copy_(materialize(tensor))
 
 
-class FusedLinear(nn.Linear):
+class FusedLinear(MethodLinear):
     """A Linear whose output rows are the concatenation of named shards, each
     holding this rank's rows of its checkpoint tensor (all of them at TP 1)."""
 
@@ -145,7 +146,7 @@ class ColumnParallelLinear(FusedLinear):
         self.load_shard("", kind, tensor)
 
 
-class RowParallelLinear(nn.Linear):
+class RowParallelLinear(MethodLinear):
     """This rank's input columns of a matrix; the output is a partial sum that the
     owning block all-reduces. The bias lives on rank 0 (zeros elsewhere)."""
 

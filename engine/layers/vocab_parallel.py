@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed import parallel
+from engine.layers.linear_methods import MethodLinear
 
 
 def vocab_range(vocab_size: int) -> tuple[int, int, int]:
@@ -56,7 +57,7 @@ class VocabParallelEmbedding(nn.Module):
         return parallel.all_reduce(out)
 
 
-class ParallelLMHead(nn.Linear):
+class ParallelLMHead(MethodLinear):
     """The output projection over this rank's vocabulary rows."""
 
     def __init__(self, hidden_size: int, vocab_size: int):

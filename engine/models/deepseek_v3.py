@@ -96,7 +96,9 @@ class MLAAttention(nn.Module):
             self.q_b_proj = ColumnParallelLinear(self.q_lora_rank, q_rows, bias=False)
         else:
             self.q_proj = ColumnParallelLinear(hidden, q_rows, bias=False)
-            self.kv_a_proj_with_mqa = nn.Linear(hidden, kv_a_size, bias=bias)
+            self.kv_a_proj_with_mqa = ColumnParallelLinear(
+                hidden, RowSlice.whole(kv_a_size), bias=bias
+            )
         self.kv_a_layernorm = RMSNorm(dims.lora_rank, cfg.get("rms_norm_eps", 1e-6))
         kv_b_rows = RowSlice.heads(full.num_heads, dims.nope_dim + dims.v_dim, "attention heads")
         self.kv_b_proj = ColumnParallelLinear(dims.lora_rank, kv_b_rows, bias=False)

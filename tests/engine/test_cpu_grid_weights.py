@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from engine.layers.cpu_grid_weights import MAX_PACKED_ROWS, pack_grid_weights, pack_if_on_grid
+from engine.layers.linear_methods import MethodLinear, grid_weight_of
 from engine.model_store import default_model_dir, is_complete
 
 ROWS, COLS = 48, 128  # 4 groups of 32 per row
@@ -71,7 +72,7 @@ def test_a_single_off_grid_value_keeps_the_whole_weight_dense():
 
 def test_packed_linear_uses_packed_rows_then_dense_rows_and_keeps_bias():
     gen = torch.Generator().manual_seed(2)
-    linear = nn.Linear(COLS, ROWS, bias=True)
+    linear = MethodLinear(COLS, ROWS, bias=True)
     with torch.no_grad():
         linear.weight.copy_(_q4_1_weight(gen))
         linear.bias.copy_(torch.randn(ROWS, generator=gen))
@@ -101,8 +102,8 @@ def test_the_default_model_packs_whole_and_exactly(monkeypatch):
     packed = LLM(str(default_model_dir()), dtype="bfloat16", kv_cache_dtype="bf16")
     assert packed.engine.cpu_kernel == "bf16"
     layers = [m for m in packed.engine.model.modules() if isinstance(m, nn.Linear)]
-    assert all(getattr(m, "packed_weight", None) is not None for m in layers)
-    assert packed.engine.model.lm_head.packed_weight.grid == "8-bit"  # the Q8_0 embedding
+    assert all(grid_weight_of(m) is not None for m in layers)
+    assert grid_weight_of(packed.engine.model.lm_head).grid == "8-bit"  # the Q8_0 embedding
     params = SamplingParams(max_tokens=24, temperature=0)
     prompt = "The capital of France is"
     with_packing = packed.generate([prompt], params)[0].outputs[0].token_ids
@@ -110,9 +111,7 @@ def test_the_default_model_packs_whole_and_exactly(monkeypatch):
     dense = LLM(
         str(default_model_dir()), dtype="bfloat16", kv_cache_dtype="bf16", deterministic=True
     )
-    assert not any(
-        getattr(m, "packed_weight", None) is not None for m in dense.engine.model.modules()
-    )
+    assert not any(grid_weight_of(m) is not None for m in dense.engine.model.modules())
     without = dense.generate([prompt], params)[0].outputs[0].token_ids
     assert with_packing == without
 
@@ -130,7 +129,7 @@ def test_the_default_model_with_int8_activations_predicts_as_float32_does():
         pytest.skip(f"CPU kernels: {unavailable()}")
     fast = LLM(str(default_model_dir()), dtype="bfloat16", kv_cache_dtype="bf16", cpu_kernel="int8")
     assert fast.engine.cpu_kernel == "int8"
-    assert fast.engine.model.lm_head.packed_weight.grid == "8-bit"
+    assert grid_weight_of(fast.engine.model.lm_head).grid == "8-bit"
     # dense copies dropped, except the embedding the tied output head shares
     assert fast.engine.model.model.layers[0].mlp.down_proj.weight.numel() == 0
     assert fast.engine.model.model.embed_tokens.weight.numel() == 49152 * 576

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from engine.attention.cpu_backend import CPUAttentionBackend
 from engine.attention.metadata import AttentionMetadata
@@ -14,6 +13,7 @@ from engine.cpu_kernels.grid_matmul import grid_matmul, pack_codes
 from engine.kv.pool import PagedKVPool
 from engine.kv.sizing import KVLayout
 from engine.layers.cpu_grid_weights import GridWeight, pack_grid_weights, pack_if_on_grid
+from engine.layers.linear_methods import MethodLinear
 from tests.engine.conftest import count_calls
 
 pytestmark = pytest.mark.skipif(
@@ -100,7 +100,7 @@ def test_checkpoint_grids_pack_for_the_int8_kernel_any_row_count(make, grid):
 
 def test_int8_linear_keeps_its_bias_through_the_cast_and_any_batch_shape():
     gen = torch.Generator().manual_seed(6)
-    linear = nn.Linear(128, 48, bias=True)
+    linear = MethodLinear(128, 48, bias=True)
     with torch.no_grad():
         linear.weight.copy_(_q4_1(48, 128, gen))
         linear.bias.copy_(torch.randn(48, generator=gen))
