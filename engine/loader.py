@@ -19,12 +19,14 @@ from safetensors import safe_open
 
 from engine.distributed import parallel
 from engine.errors import CheckpointError, EngineError
+from engine.layers.packed_methods import is_packed_method
 from engine.model_config import ModelConfig, load_config
 from engine.models import model_class
 from engine.weights.formats import weight_decoder
 from engine.weights.lazy import LazyTensor, materialize
 from engine.weights.meta_init import materialize_parameters, parameters_on_meta
 from engine.weights.names import CheckpointNames
+from engine.weights.packed_plan import plan_packed_layers
 
 log = logging.getLogger(__name__)
 
@@ -102,15 +104,21 @@ def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
     transformers keeps them, and so do parameters the model asks to keep
     (MoE routers, whose expert ranking rounding would change)."""
     keep_fp32 = tuple(getattr(model, "fp32_parameter_suffixes", ()))
-    for name, param in model.named_parameters():
-        if not (keep_fp32 and name.endswith(keep_fp32)):
-            param.data = param.data.to(dtype)
+    for module_name, module in model.named_modules():
+        if is_packed_method(getattr(module, "method", None)):
+            continue  # FP8 values, INT4 words and their scales keep their dtypes
+        for name, param in module.named_parameters(prefix=module_name, recurse=False):
+            if not (keep_fp32 and name.endswith(keep_fp32)):
+                param.data = param.data.to(dtype)
 
 
 def load_model(
-    model_dir: Path, dtype: torch.dtype, device: torch.device
+    model_dir: Path, dtype: torch.dtype, device: torch.device, keep_packed: bool = True
 ) -> tuple[torch.nn.Module, ModelConfig, tuple[torch.Tensor, torch.Tensor] | None]:
-    """Build the engine's model for a folder and fill its weights."""
+    """Build the engine's model for a folder and fill its weights.
+
+    `keep_packed`: layers whose checkpoint weights are FP8 block-scaled or INT4
+    keep that form (engine/weights/packed_plan.py); False dequantizes them all."""
     model_dir = Path(model_dir)
     cfg = load_config(model_dir)
     cls = model_class(cfg.architecture)
@@ -124,16 +132,19 @@ def load_model(
             f"ranks: {err}; choose a --tp that divides it"
         ) from None
     cast_parameters(model, dtype)
-    materialize_parameters(model, device)
-    scale_tensors: dict[str, torch.Tensor] = {}
     names = CheckpointNames(cfg)
-    # Quantized checkpoints (FP8 block, INT4) become plain weights in the serving dtype.
-    decoder = weight_decoder(cfg, dtype, names.prefix)
 
     def wanted(name: str) -> str | None:
         # Decided from the name: what this rank does not hold is never read.
         target = names.map(name)
         return None if target is None or model.skip_checkpoint_tensor(target) else target
+
+    packed = plan_packed_layers(model, cfg, files, wanted) if keep_packed else {}
+    materialize_parameters(model, device)
+    scale_tensors: dict[str, torch.Tensor] = {}
+    # Quantized weights the plan did not keep packed become plain weights in the serving dtype.
+    decoder = weight_decoder(cfg, dtype, names.prefix)
+    decoder.keep_packed = packed.__contains__
 
     def weights() -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in decoder.stream(iter_tensors(files, wanted, lazy=True)):

@@ -32,11 +32,16 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 def make_linear_layers_batch_invariant(model: nn.Module) -> int:
     """Give every linear layer of `model` the tiled method; returns how many."""
-    from engine.layers.linear_methods import MethodLinear, TiledMethod
+    from engine.layers.linear_methods import DENSE, MethodLinear, TiledMethod
 
     count = 0
     for module in model.modules():
         if isinstance(module, MethodLinear):
+            if module.method is not DENSE:
+                raise ValueError(
+                    f"{module.method.name} weights have no batch-invariant product; "
+                    "deterministic mode needs dense weights"
+                )
             module.method = TiledMethod()
             count += 1
     return count

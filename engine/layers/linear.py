@@ -27,6 +27,7 @@ import torch
 
 from engine.distributed import parallel
 from engine.layers.linear_methods import MethodLinear
+from engine.layers.packed_methods import is_packed_method
 from engine.weights.lazy import materialize
 
 
@@ -119,6 +120,9 @@ class FusedLinear(MethodLinear):
                 )
             )
         piece = _narrow(tensor, 0, self.shard_pieces[shard], f"{shard}.{kind}")
+        if is_packed_method(self.method) and kind == "weight":
+            self.method.load_rows(self, offset, piece)
+            return
         _load_into(target, slice(offset, offset + size), piece, f"{shard}.{kind}")
 
     def load_concatenated(self, kind: str, tensor) -> None:
@@ -170,4 +174,7 @@ class RowParallelLinear(MethodLinear):
                 f"({self.out_features}, {self.in_piece.full})"
             )
         piece = _narrow(tensor, 1, self.in_piece, "weight")
+        if is_packed_method(self.method):
+            self.method.load_rows(self, 0, piece)
+            return
         _load_into(self.weight, slice(0, self.out_features), piece, "weight")

@@ -16,6 +16,7 @@ from engine.kv.sizing import KVLayout
 from engine.layers.linear import ColumnParallelLinear, FusedLinear
 from engine.layers.moe import is_local_expert_tensor
 from engine.layers.norm import RMSNorm
+from engine.layers.packed_methods import is_packed_method
 from engine.layers.vocab_parallel import ParallelLMHead
 from engine.weights.lazy import materialize
 
@@ -188,6 +189,8 @@ class CausalLM(nn.Module):
                 continue
             module_name, kind = name.rsplit(".", 1)
             module = self.get_submodule(module_name)
+            if kind not in ("weight", "bias") and is_packed_method(getattr(module, "method", None)):
+                continue  # a packed weight's scales come with its `weight`
             if isinstance(module, FusedLinear) and not isinstance(module, ColumnParallelLinear):
                 missing += [
                     f"{name}:{s}" for s in module.shard_offsets if f"{name}:{s}" not in filled

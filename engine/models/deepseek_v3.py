@@ -104,6 +104,11 @@ class MLAAttention(nn.Module):
         self.kv_b_proj = ColumnParallelLinear(dims.lora_rank, kv_b_rows, bias=False)
         o_columns = RowSlice.heads(full.num_heads, dims.v_dim, "attention heads")
         self.o_proj = RowParallelLinear(o_columns, hidden, bias=bias)
+        # Attention reads kv_b_proj's matrix (the absorbed path), and the latent
+        # rotation folds into it and into the latent projection: they stay dense.
+        latent_proj = self.fused_qkv_a_proj if self.q_lora_rank else self.kv_a_proj_with_mqa
+        for dense in (self.kv_b_proj, latent_proj):
+            dense.keeps_dense = True
         self.rotary = rotary
         multiplier = softmax_scale_multiplier(cfg.rope, cfg.max_position_embeddings)
         self.scale = qk_head_dim**-0.5 * multiplier

@@ -92,6 +92,18 @@ class Fp8BlockDecoder(ModulePartsDecoder):
         return None
 
     def decode(self, module: str, parts: dict[str, torch.Tensor]) -> Tensors:
+        if self.keep_packed(module):
+            from engine.layers.packed_methods import Fp8Piece
+
+            weight, scale_inv = parts["weight"], parts["weight_scale_inv"]
+            expected = scale_grid(tuple(weight.shape), self.block)
+            if weight.dim() != 2 or tuple(scale_inv.shape) != expected:
+                raise CheckpointError(
+                    f"{module}.weight_scale_inv has shape {tuple(scale_inv.shape)}, expected "
+                    f"{expected} for a {tuple(weight.shape)} weight"
+                )
+            yield f"{module}.weight", Fp8Piece.from_checkpoint(weight, scale_inv, self.block)
+            return
         weight = dequantize_fp8_block(
             parts["weight"], parts["weight_scale_inv"], self.block, self.dtype, f"{module}.weight"
         )

@@ -61,6 +61,20 @@ def dequantize_packed_int4(
     name: str = "weight",
 ) -> torch.Tensor:
     """Unpacked int4 values times their group's scale, [out, in] in `dtype`; shapes checked."""
+    check_packed_int4_shapes(packed, scale, weight_shape, group_size, name)
+    rows, cols = weight_shape
+    values = unpack_int4(packed, cols).float()
+    scales = scale.float().repeat_interleave(group_size, dim=1)[:, :cols]
+    return (values * scales).to(dtype)
+
+
+def check_packed_int4_shapes(
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    weight_shape: tuple[int, int],
+    group_size: int,
+    name: str = "weight",
+) -> None:
     rows, cols = weight_shape
     expected_packed = (rows, -(-cols // VALUES_PER_INT32))
     if tuple(packed.shape) != expected_packed:
@@ -76,9 +90,6 @@ def dequantize_packed_int4(
             f"{name}_scale has shape {tuple(scale.shape)}, expected {expected_scale} "
             f"for weight_shape {list(weight_shape)} in groups of {group_size}"
         )
-    values = unpack_int4(packed, cols).float()
-    scales = scale.float().repeat_interleave(group_size, dim=1)[:, :cols]
-    return (values * scales).to(dtype)
 
 
 @dataclass(frozen=True)
@@ -166,6 +177,14 @@ class PackedInt4Decoder(ModulePartsDecoder):
             raise CheckpointError(f"{module}.weight_shape is {shape}, expected [out, in]")
         rows, cols = int(shape[0]), int(shape[1])
         group = self.scheme.group_size or cols
+        if self.keep_packed(module):
+            from engine.layers.packed_methods import Int4Piece
+
+            # Validates the shapes the same way, then keeps the words as they are.
+            packed, scale = parts["weight_packed"], parts["weight_scale"]
+            check_packed_int4_shapes(packed, scale, (rows, cols), group, f"{module}.weight")
+            yield f"{module}.weight", Int4Piece(packed, scale.to(torch.bfloat16), cols, group)
+            return
         weight = dequantize_packed_int4(
             parts["weight_packed"],
             parts["weight_scale"],

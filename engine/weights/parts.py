@@ -24,6 +24,9 @@ class ModulePartsDecoder:
 
     required_parts: tuple[str, ...] = ()
     format_name = "quantized"
+    # Modules (by the model's checkpoint name) whose layers keep the packed form:
+    # they get a piece (engine/layers/packed_methods.py) instead of a dequantized weight.
+    keep_packed = staticmethod(lambda module: False)
 
     def part_of(self, name: str, tensor: torch.Tensor) -> tuple[str, str] | None:
         """(module name, part name) when `name` is a part of a quantized module, else None."""

@@ -1,0 +1,221 @@
+"""Weights kept in their checkpoint's precision: FP8 block-scaled and INT4 group-quantized.
+
+A linear layer whose checkpoint tensors are quantized keeps them as stored
+instead of a BF16 copy (Kimi K2.6's INT4 experts would be 4x larger in BF16,
+DeepSeek/Kimi K2's FP8 layers 2x). The loader hands such a layer a
+`PackedPiece` in place of a tensor: it slices like one (`narrow`, for the
+tensor-parallel slices and the fused q/k/v and gate/up shards), and the
+layer's method copies it into the layer's packed parameters.
+
+- FP8: `weight` holds the e4m3 values [rows, cols]; `weight_scale_rows`
+  float32 [rows, column blocks] holds, for every row, the scales of the
+  128-column blocks it crosses. The checkpoint's [row blocks, column blocks]
+  grid is expanded along rows (4 bytes per 128 weights: +3% over the
+  values) so any slice of rows, including fused shards and tensor-parallel
+  pieces that start inside a block, keeps exactly its own scales;
+  `col_offset` says where the first column sits in its block.
+- INT4: `weight_packed` int32 [rows, cols/8] (eight values per word, value + 8,
+  low nibble first) and `weight_scale` bf16 [rows, cols/group], exactly as
+  Kimi stores them (compressed-tensors pack-quantized, symmetric). Column
+  slices must start and end on a group; the loader keeps a layer dense
+  (dequantized) where they would not.
+
+On CPU the product dequantizes a chunk of rows at a time (at most
+`CHUNK_ROWS` x cols in the activation dtype live at once), so memory stays
+at the checkpoint's bytes; on a GPU the Triton kernels take the packed form
+(engine/gpu_kernels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.kv.quant import FP8_DTYPE, HALF_TRICK_FACTOR, fp8_bits_to_half
+from engine.layers.linear_methods import DenseMethod
+from engine.weights.int4_packed import unpack_int4
+
+CHUNK_ROWS = 512
+
+
+@dataclass
+class Fp8Piece:
+    """Rows and columns of an FP8 block-scaled weight, with each row's block scales."""
+
+    values: torch.Tensor  # float8_e4m3fn [rows, cols]
+    row_scales: torch.Tensor  # float32 [rows, column blocks crossed]
+    col_offset: int  # position of column 0 inside its block
+    block_cols: int
+
+    @staticmethod
+    def from_checkpoint(weight: torch.Tensor, scale_inv: torch.Tensor, block) -> Fp8Piece:
+        rows = weight.shape[0]
+        row_scales = scale_inv.float().repeat_interleave(block[0], dim=0)[:rows]
+        return Fp8Piece(weight, row_scales.contiguous(), 0, block[1])
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+    def narrow(self, dim: int, start: int, length: int) -> Fp8Piece:
+        if dim == 0:
+            return Fp8Piece(
+                self.values.narrow(0, start, length),
+                self.row_scales.narrow(0, start, length),
+                self.col_offset,
+                self.block_cols,
+            )
+        first = (self.col_offset + start) // self.block_cols
+        last = (self.col_offset + start + length - 1) // self.block_cols
+        return Fp8Piece(
+            self.values.narrow(1, start, length),
+            self.row_scales[:, first : last + 1],
+            (self.col_offset + start) % self.block_cols,
+            self.block_cols,
+        )
+
+
+@dataclass
+class Int4Piece:
+    """Rows and whole groups of columns of an INT4 pack-quantized weight."""
+
+    packed: torch.Tensor  # int32 [rows, cols / 8]
+    scales: torch.Tensor  # bf16 [rows, cols / group]
+    cols: int
+    group: int
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.packed.shape[0], self.cols))
+
+    def narrow(self, dim: int, start: int, length: int) -> Int4Piece:
+        if dim == 0:
+            return Int4Piece(
+                self.packed.narrow(0, start, length),
+                self.scales.narrow(0, start, length),
+                self.cols,
+                self.group,
+            )
+        if start % self.group or length % self.group:
+            raise ValueError(
+                f"columns {start}..{start + length} do not fall on INT4 groups of {self.group}"
+            )
+        return Int4Piece(
+            self.packed[:, start // 8 : (start + length) // 8],
+            self.scales[:, start // self.group : (start + length) // self.group],
+            length,
+            self.group,
+        )
+
+
+PackedPiece = Fp8Piece | Int4Piece
+
+
+def _replace_parameter(layer: nn.Module, name: str, shape, dtype) -> None:
+    """A meta parameter of the packed shape (storage comes with the rest, at materialization)."""
+    if name in layer._parameters:
+        del layer._parameters[name]
+    layer.register_parameter(
+        name, nn.Parameter(torch.empty(shape, dtype=dtype, device="meta"), requires_grad=False)
+    )
+
+
+class PackedMethod(DenseMethod):
+    """Base of the checkpoint-precision methods: they are loaded from pieces."""
+
+    packed_checkpoint = True
+
+    def load_rows(self, layer: nn.Module, offset: int, piece) -> None:
+        raise NotImplementedError
+
+    def _add_bias(self, layer: nn.Module, out: torch.Tensor) -> torch.Tensor:
+        return out if layer.bias is None else out + layer.bias.to(out.dtype)
+
+
+class Fp8BlockMethod(PackedMethod):
+    name = "fp8-block"
+
+    def __init__(self, block: tuple[int, int], col_start: int):
+        self.block = block
+        self.col_offset = col_start % block[1]
+
+    def install(self, layer: nn.Linear) -> None:
+        cols = layer.in_features
+        blocks = (self.col_offset + cols - 1) // self.block[1] + 1
+        _replace_parameter(layer, "weight", (layer.out_features, cols), FP8_DTYPE)
+        _replace_parameter(layer, "weight_scale_rows", (layer.out_features, blocks), torch.float32)
+        layer.method = self
+
+    def load_rows(self, layer: nn.Module, offset: int, piece) -> None:
+        if not isinstance(piece, Fp8Piece):
+            raise ValueError(f"an FP8 block layer was given {type(piece).__name__}")
+        if piece.col_offset != self.col_offset or piece.values.shape[1] != layer.in_features:
+            raise ValueError("FP8 block piece does not match the layer's columns")
+        rows = slice(offset, offset + piece.values.shape[0])
+        with torch.no_grad():
+            layer.weight[rows].copy_(piece.values)
+            layer.weight_scale_rows[rows].copy_(piece.row_scales)
+
+    def dequantize(self, layer: nn.Module, rows: slice, dtype: torch.dtype) -> torch.Tensor:
+        values = fp8_bits_to_half(layer.weight[rows])  # exact, value * 2**-8
+        cols = layer.in_features
+        scales = (layer.weight_scale_rows[rows] * HALF_TRICK_FACTOR).repeat_interleave(
+            self.block[1], dim=1
+        )[:, self.col_offset : self.col_offset + cols]
+        return (values.float() * scales).to(dtype)
+
+    def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        out = x.new_empty(*x.shape[:-1], layer.out_features)
+        for start in range(0, layer.out_features, CHUNK_ROWS):
+            rows = slice(start, min(start + CHUNK_ROWS, layer.out_features))
+            out[..., rows] = F.linear(x, self.dequantize(layer, rows, x.dtype))
+        return self._add_bias(layer, out)
+
+    def weight_bytes(self, layer: nn.Linear) -> int:
+        return layer.weight.numel() + layer.weight_scale_rows.numel() * 4
+
+
+class Int4GroupMethod(PackedMethod):
+    name = "int4-group"
+
+    def __init__(self, group: int):
+        self.group = group
+
+    def install(self, layer: nn.Linear) -> None:
+        rows, cols = layer.out_features, layer.in_features
+        _replace_parameter(layer, "weight", (0, cols), torch.bfloat16)  # no dense copy
+        _replace_parameter(layer, "weight_packed", (rows, cols // 8), torch.int32)
+        _replace_parameter(layer, "weight_scale", (rows, cols // self.group), torch.bfloat16)
+        layer.method = self
+
+    def load_rows(self, layer: nn.Module, offset: int, piece) -> None:
+        if not isinstance(piece, Int4Piece):
+            raise ValueError(f"an INT4 layer was given {type(piece).__name__}")
+        if piece.cols != layer.in_features or piece.group != self.group:
+            raise ValueError("INT4 piece does not match the layer's columns or group")
+        rows = slice(offset, offset + piece.packed.shape[0])
+        with torch.no_grad():
+            layer.weight_packed[rows].copy_(piece.packed)
+            layer.weight_scale[rows].copy_(piece.scales)
+
+    def dequantize(self, layer: nn.Module, rows: slice, dtype: torch.dtype) -> torch.Tensor:
+        values = unpack_int4(layer.weight_packed[rows], layer.in_features).float()
+        scales = layer.weight_scale[rows].float().repeat_interleave(self.group, dim=1)
+        return (values * scales).to(dtype)
+
+    def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        out = x.new_empty(*x.shape[:-1], layer.out_features)
+        for start in range(0, layer.out_features, CHUNK_ROWS):
+            rows = slice(start, min(start + CHUNK_ROWS, layer.out_features))
+            out[..., rows] = F.linear(x, self.dequantize(layer, rows, x.dtype))
+        return self._add_bias(layer, out)
+
+    def weight_bytes(self, layer: nn.Linear) -> int:
+        return layer.weight_packed.numel() * 4 + layer.weight_scale.numel() * 2
+
+
+def is_packed_method(method) -> bool:
+    return getattr(method, "packed_checkpoint", False)

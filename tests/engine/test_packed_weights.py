@@ -1,0 +1,120 @@
+"""FP8 block-scaled and INT4 checkpoints kept in their own precision, against dequantizing them.
+
+The tiny Kimi (DeepSeek V3) and GLM-4.5 MoE checkpoints are written in the
+real layouts (engine/testing/quantized.py). Loaded packed, every quantized
+linear layer holds the checkpoint's bytes and multiplies by dequantizing a
+chunk of rows at a time; loaded with `keep_packed=False` the loader
+dequantizes them into dense float32 layers. Both compute from the same
+float32 values, so layer outputs agree to float32 summation order and the
+model's greedy tokens are equal.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.distributed import parallel
+from engine.layers.linear_methods import MethodLinear, describe_methods
+from engine.layers.packed_methods import Fp8Piece, Int4Piece, is_packed_method
+from engine.loader import load_model
+from engine.testing.checkpoints import make_checkpoint
+from engine.weights.fp8_block import dequantize_fp8_block, quantize_fp8_block
+from engine.weights.int4_packed import dequantize_packed_int4, pack_int4
+
+CASES = [
+    ("kimi_k2", "fp8_block"),
+    ("kimi_k2", "int4_experts"),
+    ("glm4_moe", "fp8_block"),
+    ("glm4_moe", "int4_experts"),
+]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(c))
+def both(request, tmp_path_factory):
+    family, quantization = request.param
+    folder = tmp_path_factory.mktemp(f"{family}-{quantization}")
+    tiny = make_checkpoint(family, folder / "model", quantization=quantization)
+    cpu = torch.device("cpu")
+    packed, _, _ = load_model(tiny.path, torch.float32, cpu)
+    dense, _, _ = load_model(tiny.path, torch.float32, cpu, keep_packed=False)
+    return quantization, packed, dense
+
+
+def test_quantized_layers_keep_their_checkpoint_form(both):
+    quantization, packed, dense = both
+    methods = describe_methods(packed)
+    name = "fp8-block" if quantization == "fp8_block" else "int4-group"
+    assert methods.get(name, 0) >= 16
+    assert set(describe_methods(dense)) == {"dense"}
+    for module in packed.modules():
+        if isinstance(module, MethodLinear) and is_packed_method(module.method):
+            kind = torch.float8_e4m3fn if name == "fp8-block" else torch.bfloat16
+            assert module.weight.dtype == kind
+            if name == "int4-group":
+                assert module.weight.numel() == 0  # no dense copy at all
+
+
+def test_packed_layers_compute_what_dequantized_layers_compute(both):
+    _, packed, dense = both
+    generator = torch.Generator().manual_seed(0)
+    dense_modules = dict(dense.named_modules())
+    compared = 0
+    for name, module in packed.named_modules():
+        if isinstance(module, MethodLinear) and is_packed_method(module.method):
+            x = torch.randn(5, module.in_features, generator=generator)
+            # Same float32 weights; F.linear over row chunks vs the whole matrix.
+            torch.testing.assert_close(module(x), dense_modules[name](x), rtol=1e-6, atol=1e-6)
+            compared += 1
+    assert compared >= 16
+
+
+def test_int4_experts_hold_under_a_third_of_bf16(both):
+    quantization, packed, _ = both
+    if quantization != "int4_experts":
+        pytest.skip("INT4 only")
+    for module in packed.modules():
+        if isinstance(module, MethodLinear) and is_packed_method(module.method):
+            bf16 = module.in_features * module.out_features * 2
+            # 4 bits per weight plus one bf16 scale per 32: 0.28x of BF16.
+            assert module.weight_bytes() < 0.3 * bf16
+
+
+def test_fp8_pieces_slice_rows_and_columns_inside_blocks():
+    """A tensor-parallel or fused-shard slice that starts inside a 128x128 block keeps
+    exactly its own scales."""
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(300, 260, generator=generator)
+    values, scale_inv = quantize_fp8_block(weight)
+    full = dequantize_fp8_block(values, scale_inv, dtype=torch.float32)
+    piece = Fp8Piece.from_checkpoint(values, scale_inv, (128, 128))
+    part = piece.narrow(0, 100, 90).narrow(1, 70, 150)  # rows 100..189, columns 70..219
+    assert part.col_offset == 70 and part.row_scales.shape == (90, 2)
+    restored = part.values.float() * part.row_scales.repeat_interleave(128, 1)[:, 70:220]
+    torch.testing.assert_close(restored, full[100:190, 70:220], rtol=0, atol=0)
+
+
+def test_int4_pieces_slice_on_groups_only():
+    generator = torch.Generator().manual_seed(2)
+    values = torch.randint(-8, 8, (48, 128), generator=generator)
+    scales = torch.rand(48, 4, generator=generator).to(torch.bfloat16)
+    piece = Int4Piece(pack_int4(values), scales, 128, 32)
+    part = piece.narrow(1, 32, 64).narrow(0, 8, 16)
+    expected = dequantize_packed_int4(pack_int4(values), scales, (48, 128), 32, torch.float32)
+    got = dequantize_packed_int4(part.packed, part.scales, (16, 64), 32, torch.float32)
+    torch.testing.assert_close(got, expected[8:24, 32:96], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="INT4 groups of 32"):
+        piece.narrow(1, 16, 32)
+
+
+def test_a_rank_whose_columns_cut_an_int4_group_dequantizes_that_layer(tmp_path):
+    """TP 2 over experts of 32 columns leaves 16 per rank: not a whole group."""
+    tiny = make_checkpoint("kimi_k2", tmp_path / "kimi", quantization="int4_experts")
+    parallel.set_layout(parallel.ParallelLayout(2, 1))
+    try:
+        model, _, _ = load_model(tiny.path, torch.float32, torch.device("cpu"))
+    finally:
+        parallel.set_layout(parallel.ParallelLayout())
+    expert = model.model.layers[1].mlp.experts[0]
+    assert expert.gate_up_proj.method.name == "int4-group"  # rows split: still packed
+    assert expert.down_proj.method.name == "dense"  # 16 of 32 columns: dequantized
