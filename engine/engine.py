@@ -16,6 +16,7 @@ import torch
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.distributed.executor import make_executor
+from engine.distributed.launch import abandon_ranks, check_no_rank_here, start_ranks
 from engine.errors import EngineError, PromptTooLongError, WorkerDiedError
 from engine.kv.pages import PageAllocator
 from engine.kv.radix import RadixCache
@@ -46,22 +47,6 @@ def _eos_ids(model_dir: Path, tokenizer) -> set[int]:
     return ids
 
 
-def _check_no_rank_here(tensor_parallel: bool) -> None:
-    """One process holds one rank: the layout the model layers read, and the
-    collectives their forward runs, belong to the process (engine.distributed.parallel)."""
-    import torch.distributed as dist
-
-    from engine.distributed import parallel
-
-    layout = parallel.layout()
-    if layout.size > 1 or (tensor_parallel and dist.is_initialized()):
-        raise EngineError(
-            f"this process already holds rank {layout.rank} of a tensor-parallel group "
-            f"({layout.size} ranks), and one process holds one rank: close that engine "
-            "(LLM.close()) before starting another here"
-        )
-
-
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         from engine.model_store import resolve_model
@@ -73,7 +58,7 @@ class LLMEngine:
         )
         self.tokenizer = load_tokenizer(self.model_dir)
         self.tensor_parallel = config.tensor_parallel_size > 1
-        _check_no_rank_here(self.tensor_parallel)
+        check_no_rank_here(self.tensor_parallel)
         self._threads_before = torch.get_num_threads()
         # Rank 0 starts the other ranks first, so they load their shards meanwhile.
         workers = self._start_ranks() if self.tensor_parallel else None
@@ -82,11 +67,17 @@ class LLMEngine:
         except BaseException as err:
             if workers is None:
                 raise
-            from engine.distributed.launch import abandon_ranks
-
             torch.set_num_threads(self._threads_before)
             raise abandon_ranks(workers, err) from err
         self.executor = make_executor(stack.runner, config, workers)
+        try:
+            self._set_up(config, stack)
+        except BaseException:
+            self.close()
+            raise
+
+    def _set_up(self, config: EngineConfig, stack) -> None:
+        """Everything rank 0 alone holds: scheduler, prefix cache, sampler, requests."""
         self.model, self.model_config = stack.model, stack.model_config
         self.dtype, self.kv_dtype = stack.dtype, stack.kv_dtype
         self.max_model_len = stack.max_model_len
@@ -126,8 +117,6 @@ class LLMEngine:
 
     # ----- set-up and shutdown ---------------------------------------------------
     def _start_ranks(self) -> list:
-        from engine.distributed.launch import start_ranks
-
         if self.config.node_rank != 0:
             raise EngineError(
                 f"node_rank {self.config.node_rank} runs workers only (engine.distributed."

@@ -237,6 +237,23 @@ def join_group(
         raise failure[0]
 
 
+def check_no_rank_here(tensor_parallel: bool) -> None:
+    """One process holds one rank: the layout the model layers read, and the
+    collectives their forward runs, belong to the process (engine.distributed.parallel)."""
+    import torch.distributed as dist
+
+    from engine.distributed import parallel
+    from engine.errors import EngineError
+
+    layout = parallel.layout()
+    if layout.size > 1 or (tensor_parallel and dist.is_initialized()):
+        raise EngineError(
+            f"this process already holds rank {layout.rank} of a tensor-parallel group "
+            f"({layout.size} ranks), and one process holds one rank: close that engine "
+            "(LLM.close()) before starting another here"
+        )
+
+
 def start_ranks(config: EngineConfig, model_dir: Path, device: torch.device) -> list[WorkerProcess]:
     """Rank 0: split the CPU between the node's ranks, start the workers and join them."""
     port = config.master_port or free_port(config.master_addr)
@@ -284,9 +301,13 @@ def abandon_ranks(workers: list[WorkerProcess], error: BaseException) -> BaseExc
     return explained
 
 
+class _Stopped(Exception):
+    """SIGTERM reached a node process."""
+
+
 def run_node(config: EngineConfig) -> int:
     """A node other than 0: start its ranks and wait; exit when they do (0 when all
-    stopped cleanly). SIGTERM or SIGINT stop the workers first."""
+    stopped cleanly). SIGTERM (0) or SIGINT (130) stop the workers first."""
     from engine.model_store import resolve_model
 
     if config.node_rank == 0:
@@ -307,7 +328,7 @@ def run_node(config: EngineConfig) -> int:
     )
 
     def stop(signum, _frame) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+        raise _Stopped
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
@@ -323,6 +344,8 @@ def run_node(config: EngineConfig) -> int:
             if failed:
                 break
         return 1 if failed else 0
+    except _Stopped:  # SIGTERM: stop the workers, a clean exit
+        return 0
     except KeyboardInterrupt:
         return 130
     finally:
