@@ -291,7 +291,7 @@ def abandon_ranks(workers: list[WorkerProcess], error: BaseException) -> BaseExc
         dead = [w for w in workers if not w.is_alive()]
         if dead:
             explained = WorkerDiedError(
-                f"{dead[0].describe_exit()} while the ranks started", advice=None
+                f"while the ranks started, {dead[0].describe_exit()}", advice=None
             )
     try:
         parallel.destroy_distributed()
