@@ -76,6 +76,9 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.engine.step()
+            except WorkerDiedError as err:  # logged when it happened; no traceback per step
+                self._fail_all(err)
+                continue
             except Exception as err:  # a bug or a failed check: fail requests, keep serving
                 log.exception("engine step failed")
                 self._fail_all(err)

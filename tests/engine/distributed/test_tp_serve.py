@@ -51,6 +51,7 @@ def test_serve_tp2_answers_openai_and_reports_a_killed_worker(tiny_llama_dir, tm
         assert reply.usage.completion_tokens > 0
         stats = httpx.get(url + "/v1/engine/stats", timeout=30).json()
         assert stats["parallel"] == {"tp": 2, "ep": 1, "nnodes": 1, "ranks_alive": 2}
+        assert "resident_ranks_alive 2.0" in httpx.get(url + "/metrics", timeout=30).text
 
         os.kill(worker, signal.SIGKILL)
 
@@ -67,6 +68,12 @@ def test_serve_tp2_answers_openai_and_reports_a_killed_worker(tiny_llama_dir, tm
         except openai.APIStatusError as err:
             assert err.status_code == 503
             assert "rank 1" in str(err)
+        metrics = wait_until(
+            lambda: "resident_ranks_alive 1.0" in (m := httpx.get(url + "/metrics").text) and m,
+            30,
+            "the worker to be counted dead",
+        )
+        assert "resident_tensor_parallel_size 2.0" in metrics
     finally:
         stop(server)
         kill_all(started)
