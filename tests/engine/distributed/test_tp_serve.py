@@ -84,6 +84,23 @@ def test_serve_tp2_answers_openai_and_reports_a_killed_worker(tiny_llama_dir, tm
     assert "prefix disk tier (--kv-disk) is off with --tp > 1" in output
 
 
+def test_workers_die_with_a_killed_server(tiny_llama_dir, tmp_path):
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    server = start(_serve(tiny_llama_dir, "--port", str(port), "--tp", "2"), log_path)
+    started: list[int] = []
+    try:
+        wait_healthy(server, f"http://127.0.0.1:{port}", log_path)
+        started = children(server.pid)
+        assert spawned_workers(server.pid)
+        server.kill()  # no clean-up runs in rank 0
+        server.wait(timeout=30)
+        wait_until(lambda: not any(is_running(pid) for pid in started), 30, "no orphans")
+    finally:
+        stop(server)
+        kill_all(started)
+
+
 def test_two_nodes_meet_on_loopback_and_answer(tiny_llama_dir, tmp_path):
     master = free_port()
     port = free_port(master)
