@@ -19,6 +19,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
+from engine.errors import WorkerDiedError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -38,6 +39,9 @@ class AsyncEngine:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="resident-engine", daemon=True)
         self._thread.start()
+        # A tensor-parallel rank that dies fails every pending request at once, from
+        # the thread that saw it, even while the engine thread waits on that rank.
+        self.engine.on_failure(self._on_engine_failure)
 
     @classmethod
     def open(cls, config: EngineConfig) -> AsyncEngine:
@@ -52,7 +56,13 @@ class AsyncEngine:
 
     def is_alive(self) -> bool:
         """Whether the engine thread is still serving (for health checks)."""
-        return self._thread.is_alive() and not self._stopped.is_set()
+        return (
+            self._thread.is_alive() and not self._stopped.is_set() and self.engine.failure is None
+        )
+
+    def failure(self) -> str | None:
+        """Why the engine cannot serve (a tensor-parallel rank died), or None."""
+        return self.engine.failure
 
     @property
     def tokenizer(self):
@@ -66,6 +76,9 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.engine.step()
+            except WorkerDiedError as err:  # logged when it happened; no traceback per step
+                self._fail_all(err)
+                continue
             except Exception as err:  # a bug or a failed check: fail requests, keep serving
                 log.exception("engine step failed")
                 self._fail_all(err)
@@ -106,9 +119,20 @@ class AsyncEngine:
             self.engine.abort(request_id)
             self._deliver(request_id, err)
 
+    def _on_engine_failure(self, message: str) -> None:
+        """Any thread: fail every waiting caller now. The engine thread aborts the
+        requests themselves when its next step raises."""
+        for request_id in list(self._streams):
+            self._deliver(request_id, WorkerDiedError(message))
+
     # ----- caller side ------------------------------------------------------------
     async def call(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the engine thread and await its result."""
+        if self.engine.failure is not None:
+            raise WorkerDiedError(self.engine.failure)
+        return await self._submit(fn)
+
+    async def _submit(self, fn: Callable[[], Any]) -> Any:
         if self._stopped.is_set() or not self._thread.is_alive():
             raise EngineDeadError("the engine has stopped")
         future: Future = Future()
@@ -162,7 +186,7 @@ class AsyncEngine:
         await self.call(lambda: self.engine.abort(request_id))
 
     async def stats(self) -> dict:
-        return await self.call(self.engine.stats)
+        return await self._submit(self.engine.stats)  # also after a failure: ranks_alive
 
     async def pin_prefix(self, token_ids: list[int], cache_salt: str = "") -> Any:
         """Keep the cached pages of this prefix from eviction; the handle is for unpin."""
@@ -213,5 +237,7 @@ class AsyncEngine:
         return written
 
     def shutdown(self) -> None:
+        """Stop the engine thread, then the engine's worker ranks, if any."""
         self._stopped.set()
         self._thread.join(timeout=10)
+        self.engine.close()

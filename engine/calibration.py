@@ -13,11 +13,14 @@ set the scales, so a few dozen windows are plenty.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from engine.errors import EngineError
 from engine.kv.scales import write_scales_file
+
+log = logging.getLogger(__name__)
 
 # A last slice shorter than this adds almost no positions; it is dropped.
 MIN_WINDOW_TOKENS = 16
@@ -140,6 +143,12 @@ def calibrate_without_fixed_scales(engine) -> dict | None:
     checkpoint nor file scales, before any request can set them; None otherwise."""
     pool = engine.pool
     if not pool.is_fp8 or pool.scale_source != "calibrate":
+        return None
+    if engine.tensor_parallel:
+        log.info(
+            "tensor parallel: FP8 KV scales are set by the first prefill (the maximum over "
+            "the ranks), not a start-up sample; give --kv-scales for fixed ones"
+        )
         return None
     from engine.llm import LLM
 

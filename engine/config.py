@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DTypeName = Literal["auto", "bfloat16", "float32"]
 KVDTypeName = Literal["auto", "bf16", "fp8_e4m3"]
@@ -59,6 +59,39 @@ class EngineConfig(BaseModel):
     speculative: SpeculativeName = "none"
     speculative_max_draft: int = Field(default=8, ge=1, le=64)
     device: str | None = None
+    # Tensor parallelism (engine/distributed, docs/DISTRIBUTED.md): this many ranks in
+    # all, one process each; rank 0 is this process (scheduler, cache, server) and
+    # starts the workers of its node. Across nodes each node runs tensor_parallel_size
+    # / nnodes ranks and meets the others at master_addr:master_port (TCP rendezvous).
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    expert_parallel: bool = False  # MoE: routed experts dealt whole to ranks
+    nnodes: int = Field(default=1, ge=1)
+    node_rank: int = Field(default=0, ge=0)
+    master_addr: str = "127.0.0.1"
+    # None: a free loopback port (one node); required with nnodes > 1.
+    master_port: int | None = Field(default=None, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _check_parallel(self) -> EngineConfig:
+        tp, nnodes = self.tensor_parallel_size, self.nnodes
+        if tp % nnodes:
+            raise ValueError(
+                f"tensor_parallel_size {tp} does not split evenly over {nnodes} nodes; "
+                "give each node the same number of ranks"
+            )
+        if self.node_rank >= nnodes:
+            raise ValueError(f"node_rank {self.node_rank} must be below nnodes {nnodes}")
+        if nnodes > 1 and self.master_port is None:
+            raise ValueError(
+                "master_port is required with nnodes > 1: every node must meet rank 0 "
+                "at the same master_addr:master_port"
+            )
+        return self
+
+    @property
+    def local_ranks(self) -> int:
+        """Ranks (processes) on each node."""
+        return self.tensor_parallel_size // self.nnodes
 
 
 # The settings that decide speed and numerics; `resident serve` (ServeOptions)

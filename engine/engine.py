@@ -13,28 +13,17 @@ from pathlib import Path
 
 import torch
 
-from engine.attention.torch_backend import get_backend
-from engine.config import DEFAULT_CPU_KV_GIB, EngineConfig
-from engine.cpu_kernels.library import unavailable as cpu_kernels_unavailable
+from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import EngineError, KVCapacityError, PromptTooLongError
-from engine.kv import make_pool
+from engine.distributed.executor import make_executor
+from engine.distributed.launch import abandon_ranks, check_no_rank_here, start_ranks
+from engine.errors import EngineError, PromptTooLongError, WorkerDiedError
 from engine.kv.pages import PageAllocator
-from engine.kv.pool import PagedKVPool
 from engine.kv.radix import RadixCache
-from engine.kv.scales import (
-    apply_fixed_scales,
-    read_scales_file,
-    resolve_rotation,
-    scales_in_force,
-)
-from engine.kv.sizing import capacity_tokens, kv_bytes_per_token
-from engine.layers.batch_invariant import make_linear_layers_batch_invariant
-from engine.layers.cpu_fused import use_cpu_layer_kernels
-from engine.layers.cpu_grid_weights import pack_grid_weights
-from engine.loader import cast_parameters, load_model
+from engine.kv.scales import scales_in_force
+from engine.kv.sizing import kv_bytes_per_token
+from engine.model_stack import build_model_stack
 from engine.outputs import CompletionOutput, RequestOutput
-from engine.runner import ModelRunner
 from engine.sampler import Sampler, token_logprob
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSequence, Scheduler
@@ -45,22 +34,6 @@ from engine.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 GIB = 1024**3
-
-
-def resolve_dtype(name: str, config_dtype: str | None, device: torch.device) -> torch.dtype:
-    if name == "float32":
-        return torch.float32
-    if name == "bfloat16":
-        return torch.bfloat16
-    if config_dtype in ("float32", "torch.float32"):
-        return torch.float32
-    return torch.bfloat16
-
-
-def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> str:
-    if name == "auto":
-        return "float32" if model_dtype == torch.float32 else "bf16"
-    return name
 
 
 def _eos_ids(model_dir: Path, tokenizer) -> set[int]:
@@ -84,33 +57,35 @@ class LLMEngine:
             config.device or ("cuda" if torch.cuda.is_available() else "cpu")
         )
         self.tokenizer = load_tokenizer(self.model_dir)
-        from engine.model_config import load_config
+        self.tensor_parallel = config.tensor_parallel_size > 1
+        check_no_rank_here(self.tensor_parallel)
+        self._threads_before = torch.get_num_threads()
+        # Rank 0 starts the other ranks first, so they load their shards meanwhile.
+        workers = self._start_ranks() if self.tensor_parallel else None
+        try:
+            stack = build_model_stack(config, self.model_dir, self.device)
+        except BaseException as err:
+            if workers is None:
+                raise
+            torch.set_num_threads(self._threads_before)
+            raise abandon_ranks(workers, err) from err
+        self.executor = make_executor(stack.runner, config, workers)
+        try:
+            self._set_up(config, stack)
+        except BaseException:
+            self.close()
+            raise
 
-        model_cfg = load_config(self.model_dir)
-        self.dtype = resolve_dtype(config.dtype, model_cfg.torch_dtype_name, self.device)
-        # CPU, BF16: load in float32 first, so that weights lying on a 4- or 8-bit
-        # grid (a quantized checkpoint's, like the default model's) can be packed
-        # exactly before the cast (engine.layers.cpu_grid_weights.py).
-        self.cpu_kernel = "none"  # set when packing: int8 or bf16
-        self.packs_cpu_weights = (
-            self.device.type == "cpu" and self.dtype == torch.bfloat16 and not config.deterministic
-        )
-        self.model, self.model_config, ckpt_scales = load_model(
-            self.model_dir, torch.float32 if self.packs_cpu_weights else self.dtype, self.device
-        )
-        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
-        self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
-        if self.max_model_len > self.model_config.max_position_embeddings:
-            raise EngineError(
-                f"max_model_len {self.max_model_len} exceeds the model's "
-                f"max_position_embeddings {self.model_config.max_position_embeddings}"
-            )
-        self.layout = self.model.kv_layout()
-        self._setup_kv_rotation(ckpt_scales)
-        if self.packs_cpu_weights:
-            self._pack_and_cast()
-            self._use_cpu_layer_kernels()
-        self.pool = self._build_pool(ckpt_scales)
+    def _set_up(self, config: EngineConfig, stack) -> None:
+        """Everything rank 0 alone holds: scheduler, prefix cache, sampler, requests."""
+        self.model, self.model_config = stack.model, stack.model_config
+        self.dtype, self.kv_dtype = stack.dtype, stack.kv_dtype
+        self.max_model_len = stack.max_model_len
+        self.layout = stack.layout
+        self.kv_rotation, self.kv_rotation_detail = stack.kv_rotation, stack.kv_rotation_detail
+        self.kv_scales_file = stack.kv_scales_file
+        self.cpu_kernel = stack.cpu_kernel
+        self.pool, self.runner = stack.pool, stack.runner
         self.allocator = PageAllocator(self.pool.num_pages)
         self.prefix_cache = (
             RadixCache(
@@ -134,114 +109,33 @@ class LLMEngine:
             max_waiting=config.max_waiting,
             speculator=self.speculator,
         )
-        if config.deterministic:
-            self._enable_deterministic()
-        self.runner = ModelRunner(
-            self.model,
-            self.pool,
-            get_backend(config.attention_backend, config.deterministic),
-            config.page_size,
-            self.device,
-        )
         self.prefix_store = self._open_prefix_store()
         self.sampler = Sampler(config.seed)
         self.eos_token_ids = _eos_ids(self.model_dir, self.tokenizer)
         self._requests: dict[str, Sequence] = {}
         self._ids = itertools.count()
 
-    # ----- set-up -------------------------------------------------------------
-    def _kv_budget_bytes(self, per_token: int) -> int:
-        if self.config.kv_memory_gib is not None:
-            return int(self.config.kv_memory_gib * GIB)
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return int(free * 0.85)
-        # Enough for the default CPU budget, and always for one full-length sequence.
-        return max(int(DEFAULT_CPU_KV_GIB * GIB), 2 * self.max_model_len * per_token)
-
-    def _resolve_cpu_kernel(self) -> str:
-        """int8 activations where the VNNI kernel runs, else torch's BF16 int4 kernel."""
-        wanted = self.config.cpu_kernel
-        if wanted == "bf16":
-            return "bf16"
-        reason = cpu_kernels_unavailable()
-        if not reason:
-            return "int8"
-        if wanted == "int8":
-            raise EngineError(f"--cpu-kernel int8 cannot run here: {reason}; use bf16 or auto")
-        log.info("CPU int8 grid kernel unavailable (%s); using torch's int4 kernel", reason)
-        return "bf16"
-
-    def _pack_and_cast(self) -> None:
-        """Pack grid weights (exact), then cast the model to BF16."""
-        self.cpu_kernel = self._resolve_cpu_kernel()
-        report = pack_grid_weights(self.model, self.cpu_kernel)
-        cast_parameters(self.model, self.dtype)
-        log.info(
-            "CPU packed weights (%s activations): %d on a 4-bit grid, %d on an 8-bit grid, "
-            "%d dense, %.3f GiB packed, %.3f GiB of dense copies dropped",
-            self.cpu_kernel,
-            report["4-bit"],
-            report["8-bit"],
-            report["dense"],
-            report["packed_bytes"] / GIB,
-            report["dropped_bytes"] / GIB,
-        )
-
-    def _use_cpu_layer_kernels(self) -> None:
-        """Norms, rotary, SwiGLU, rotations and whole decode steps in C where it runs
-        (engine/layers/cpu_fused.py); the model's torch code otherwise."""
-        if cpu_kernels_unavailable():
-            return
-        routed = use_cpu_layer_kernels(self.model)
-        log.info("CPU layer kernels: %s", ", ".join(f"{n} {k}" for k, n in routed.items()))
-
-    def _setup_kv_rotation(self, ckpt_scales) -> None:
-        """Decide the K/V rotation (DESIGN.md §3) and set it up; for MLA that folds the
-        latent rotation into the weights, so it runs before anything packs or copies them."""
-        config = self.config
-        self.kv_scales_file = (
-            read_scales_file(config.kv_scales_file, self.layout.kind)
-            if config.kv_scales_file
-            else None
-        )
-        self.kv_rotation = resolve_rotation(
-            config.kv_rotation, self.kv_dtype, self.kv_scales_file, ckpt_scales is not None
-        )
-        self.kv_rotation_detail = ""
-        if self.kv_rotation == "hadamard":
-            self.kv_rotation_detail = self.model.enable_kv_rotation(config.deterministic)
-            log.info("KV rotation: hadamard (%s)", self.kv_rotation_detail)
-
-    def _build_pool(self, ckpt_scales) -> PagedKVPool:
-        page = self.config.page_size
-        per_token = kv_bytes_per_token(self.layout, self.kv_dtype)
-        budget = self._kv_budget_bytes(per_token)
-        capacity = capacity_tokens(budget, self.layout, self.kv_dtype, page)
-        num_pages = capacity // page
-        if capacity < self.max_model_len:
-            raise KVCapacityError(
-                f"the KV budget of {budget / GIB:.3f} GiB holds {capacity} tokens "
-                f"({per_token} bytes/token in {self.kv_dtype}), less than one sequence of "
-                f"max_model_len={self.max_model_len}; raise --kv-memory to at least "
-                f"{self.max_model_len * per_token / GIB:.3f} GiB or lower --max-model-len"
+    # ----- set-up and shutdown ---------------------------------------------------
+    def _start_ranks(self) -> list:
+        if self.config.node_rank != 0:
+            raise EngineError(
+                f"node_rank {self.config.node_rank} runs workers only (engine.distributed."
+                "launch.run_node, or `resident serve --node-rank`); the engine is node 0"
             )
-        per_head = self.config.kv_scales_per_head
-        pool = make_pool(self.layout, num_pages, page, self.kv_dtype, self.device, per_head)
-        apply_fixed_scales(pool, self.kv_rotation, self.kv_scales_file, ckpt_scales, per_head)
-        log.info(
-            "KV cache: %s, %d pages of %d tokens = %d tokens, %.3f GiB, scales from %s",
-            self.kv_dtype,
-            num_pages,
-            page,
-            capacity,
-            pool.nbytes / GIB,
-            pool.scale_source,
-        )
-        return pool
+        try:
+            return start_ranks(self.config, self.model_dir, self.device)
+        except BaseException:
+            torch.set_num_threads(self._threads_before)
+            raise
 
     def _open_prefix_store(self):
         if not (self.config.kv_disk and self.prefix_cache is not None):
+            return None
+        if self.tensor_parallel:
+            log.info(
+                "the prefix disk tier (kv_disk) is off with tensor parallelism: each rank "
+                "holds its own shard of every page, and would need its own files"
+            )
             return None
         from engine.kv.disk_tier import default_root
         from engine.prefix_store import PrefixStore
@@ -249,13 +143,21 @@ class LLMEngine:
         root = Path(self.config.kv_disk_dir) if self.config.kv_disk_dir else default_root()
         return PrefixStore(self, root, int(self.config.kv_disk_gib * GIB))
 
-    def _enable_deterministic(self) -> None:
-        if not getattr(self.model, "supports_deterministic", False):
-            raise EngineError(
-                f"--deterministic is implemented for dense GQA models (Llama, Qwen2, GLM-4); "
-                f"{self.model_config.architecture} is not one yet"
-            )
-        make_linear_layers_batch_invariant(self.model)
+    @property
+    def failure(self) -> str | None:
+        """Why the engine can no longer step (a tensor-parallel rank died), or None."""
+        return self.executor.failure
+
+    def on_failure(self, callback) -> None:
+        """Call `callback(message)`, from any thread, if the engine fails."""
+        self.executor.on_failure(callback)
+
+    def close(self) -> None:
+        """Stop the worker ranks, if any (by PID, after a shutdown message)."""
+        executor = getattr(self, "executor", None)
+        if executor is not None and self.tensor_parallel:
+            executor.close()
+            torch.set_num_threads(self._threads_before)
 
     @property
     def capacity_tokens(self) -> int:
@@ -281,6 +183,8 @@ class LLMEngine:
         collect_logits: bool = False,
         cache_salt: str = "",
     ) -> Sequence:
+        if self.executor.failure is not None:
+            raise WorkerDiedError(self.executor.failure)
         params = params or SamplingParams()
         ids = self.encode_prompt(prompt)
         if not ids:
@@ -329,17 +233,7 @@ class LLMEngine:
         if not batch:
             return failed
         want = {i for i, item in enumerate(batch) if self._wants_chunk_logits(item)}
-        if self.config.deterministic:
-            # One thread: no reduction is split across threads differently for
-            # different batch shapes.
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                out = self.runner.run(batch, want)
-            finally:
-                torch.set_num_threads(threads)
-        else:
-            out = self.runner.run(batch, want)
+        out = self.executor.run(batch, want)
         for index, logits in out.chunk_logits.items():
             self._record_prompt_logits(batch[index], logits)
         sampled = {}
@@ -541,6 +435,7 @@ class LLMEngine:
             "attention_backend": self.runner.backend.name,
             "cpu_kernel": self.cpu_kernel,
             **self.speculator.stats(),
+            "parallel": self.executor.describe(),
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
         }

@@ -23,3 +23,14 @@ class KVCapacityError(EngineError):
 
 class EngineOverloadedError(EngineError):
     """The waiting queue is full; the caller should retry later."""
+
+
+class WorkerDiedError(EngineError):
+    """A tensor-parallel rank has died (or the ranks fell out of step): the engine cannot
+    run another step, and every pending and new request fails with this until the
+    engine is restarted. `failure` says what happened (which rank, how)."""
+
+    def __init__(self, failure: str, advice: str | None = "restart it"):
+        message = f"the tensor-parallel engine has failed: {failure}"
+        super().__init__(f"{message}; {advice}" if advice else message)
+        self.failure = failure

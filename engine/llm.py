@@ -37,7 +37,9 @@ class LLM:
 
     `model` is a model name from `resident models list`, a Hugging Face model
     folder, or a `.gguf` file. `dtype` is auto, bfloat16 or float32;
-    `kv_cache_dtype` auto (the model's dtype), bf16 or fp8_e4m3. What is not
+    `kv_cache_dtype` auto (the model's dtype), bf16 or fp8_e4m3.
+    `tensor_parallel_size=N` runs the model on N processes (engine.distributed;
+    `close()` or a `with` block stops them). What is not
     given is chosen as `resident serve` chooses it (engine.config.engine_settings):
     the fastest attention backend and CPU kernels this machine runs, so a
     script and the server measure the same engine. `attention_backend="torch"`
@@ -76,6 +78,16 @@ class LLM:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    def close(self) -> None:
+        """Stop the tensor-parallel worker processes, if any (also done at exit)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def generate(
         self,
@@ -240,6 +252,13 @@ class LLM:
         """
         engine = self.engine
         pool = engine.pool
+        if engine.tensor_parallel:
+            raise EngineError(
+                "calibrate_kv_scales runs in one process: with tensor_parallel_size > 1 each "
+                "rank holds only its shard of the pool. Calibrate with tensor_parallel_size=1 "
+                "and pass the scales file (kv_scales_file, `resident serve --kv-scales`), or "
+                "let the first prefill set the scales (the maximum over the ranks)"
+            )
         if not pool.is_fp8:
             raise EngineError("KV scales are calibrated for kv_cache_dtype fp8_e4m3 only")
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)

@@ -58,6 +58,25 @@ def serve(
         "the context, verified in one pass; same outputs) or none. A request's "
         "`speculative` field overrides it.",
     ),
+    tp: int = typer.Option(
+        1,
+        "--tp",
+        help="Tensor-parallel ranks: one process per GPU (on CPU, processes splitting the "
+        "cores). This process is rank 0 and starts the others of its node.",
+    ),
+    ep: bool = typer.Option(
+        False, "--ep", help="MoE: deal routed experts whole to the ranks (expert parallel)."
+    ),
+    nnodes: int = typer.Option(1, help="Nodes the --tp ranks are spread over (evenly)."),
+    node_rank: int = typer.Option(
+        0, help="This node's index; nodes other than 0 run workers only, no HTTP server."
+    ),
+    master_addr: str = typer.Option(
+        "127.0.0.1", help="Address of node 0, where the ranks meet (TCP rendezvous)."
+    ),
+    master_port: int = typer.Option(
+        None, help="Port of the rendezvous on node 0; required with --nnodes > 1."
+    ),
 ) -> None:
     """Serve the model over HTTP: OpenAI chat and completions, Responses, Anthropic Messages."""
     from engine.errors import EngineError
@@ -84,14 +103,22 @@ def serve(
         cpu_kernel=cpu_kernel,
         kv_disk=kv_disk,
         speculative=speculative,
+        tensor_parallel_size=tp,
+        expert_parallel=ep,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
     )
     try:
         check_options(options)
     except ServeUsageError as err:
         fail(str(err), code=2)
     try:
-        run_server(options)
+        code = run_server(options)
     except ServeUsageError as err:  # e.g. the port is taken
         fail(str(err), code=2)
     except (EngineError, ValueError) as err:
         fail(str(err))
+    if code:
+        raise typer.Exit(code)

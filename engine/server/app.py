@@ -60,6 +60,12 @@ def _engine_alive(engine: Any) -> bool:
     return bool(alive()) if callable(alive) else True
 
 
+def _engine_failure(engine: Any) -> str | None:
+    """Why the engine cannot serve (e.g. a tensor-parallel rank died), when it says."""
+    failure = getattr(engine, "failure", None)
+    return failure() if callable(failure) else None
+
+
 def create_app(engine: Any, model: ServedModel, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="Resident engine", docs_url=None, redoc_url=None, openapi_url=None)
     ctx = ServerContext(
@@ -107,9 +113,11 @@ def create_app(engine: Any, model: ServedModel, api_key: str | None = None) -> F
 
     @app.get("/health")
     async def health() -> Response:
-        if _engine_alive(engine):
+        failure = _engine_failure(engine)
+        if failure is None and _engine_alive(engine):
             return JSONResponse({"status": "ok"})
-        return APIError(503, "the engine has stopped", type="server_error").response()
+        message = f"the engine has failed: {failure}" if failure else "the engine has stopped"
+        return APIError(503, message, type="server_error", code="engine_failed").response()
 
     # Outermost last: metrics see every response, the 401s included.
     if api_key:

@@ -2,8 +2,8 @@
 
 Every failure a request can cause ends here as JSON, so no bad request can
 crash the server or leak a traceback: validation errors are 400, an unknown
-model 404, a full queue 503 with Retry-After, and anything unexpected 500
-(logged with its traceback, reported without it).
+model 404, a full queue 503 with Retry-After, a dead tensor-parallel rank 503, and
+anything unexpected 500 (logged with its traceback, reported without it).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.errors import EngineError, EngineOverloadedError
+from engine.errors import EngineError, EngineOverloadedError, WorkerDiedError
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,8 @@ def from_exception(error: BaseException) -> APIError:
             code="overloaded",
             headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
         )
+    if isinstance(error, WorkerDiedError):
+        return APIError(503, str(error), type="server_error", code="engine_failed")
     if isinstance(error, EngineError):
         return bad_request(str(error))
     if isinstance(error, ClientDisconnected):

@@ -7,10 +7,13 @@ so the command fails fast with exit code 2.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
+import signal
 import socket
+import threading
 from dataclasses import dataclass
 
 from engine.config import default_setting, engine_settings
@@ -54,6 +57,14 @@ class ServeOptions:
     # Cached prefixes' KV kept on disk across restarts (engine/prefix_store.py).
     kv_disk: bool = True
     speculative: str = default_setting("speculative")  # none or prompt_lookup
+    # Tensor parallelism (engine/distributed): ranks in all, MoE experts dealt whole,
+    # and the nodes they span, meeting at master_addr:master_port.
+    tensor_parallel_size: int = 1
+    expert_parallel: bool = False
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = default_setting("master_addr")
+    master_port: int | None = None
 
 
 def is_loopback(host: str) -> bool:
@@ -89,7 +100,28 @@ def check_options(options: ServeOptions) -> ServeOptions:
         raise ServeUsageError(f"--kv-scales {options.kv_scales_file}: no such file")
     if not 0 < options.port < 65536:
         raise ServeUsageError(f"--port must be 1..65535, not {options.port}")
+    check_parallel_options(options)
     return options
+
+
+def check_parallel_options(options: ServeOptions) -> None:
+    tp, nnodes, node_rank = options.tensor_parallel_size, options.nnodes, options.node_rank
+    if tp < 1 or nnodes < 1:
+        raise ServeUsageError("--tp and --nnodes must be at least 1")
+    if tp % nnodes:
+        raise ServeUsageError(
+            f"--tp {tp} does not split evenly over --nnodes {nnodes}; give every node "
+            "the same number of ranks"
+        )
+    if not 0 <= node_rank < nnodes:
+        raise ServeUsageError(f"--node-rank must be 0..{nnodes - 1}, not {node_rank}")
+    if nnodes > 1 and options.master_port is None:
+        raise ServeUsageError(
+            "--master-port is required with --nnodes > 1: every node meets node 0 at "
+            "--master-addr:--master-port"
+        )
+    if options.master_port is not None and not 0 < options.master_port < 65536:
+        raise ServeUsageError(f"--master-port must be 1..65535, not {options.master_port}")
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -114,9 +146,8 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def build_engine(options: ServeOptions):
-    """Load the model into an AsyncEngine (slow: reads the weights, allocates the KV pool)."""
-    from engine.async_engine import AsyncEngine
+def engine_config(options: ServeOptions):
+    """The EngineConfig these options ask for."""
     from engine.config import EngineConfig
 
     settings = engine_settings(
@@ -135,8 +166,21 @@ def build_engine(options: ServeOptions):
         max_num_seqs=options.max_num_seqs,
         kv_disk=options.kv_disk,
         speculative=options.speculative,
+        tensor_parallel_size=options.tensor_parallel_size,
+        expert_parallel=options.expert_parallel,
+        nnodes=options.nnodes,
+        node_rank=options.node_rank,
+        master_addr=options.master_addr,
+        master_port=options.master_port,
     )
-    return AsyncEngine.open(EngineConfig(**settings))
+    return EngineConfig(**settings)
+
+
+def build_engine(options: ServeOptions):
+    """Load the model into an AsyncEngine (slow: reads the weights, allocates the KV pool)."""
+    from engine.async_engine import AsyncEngine
+
+    return AsyncEngine.open(engine_config(options))
 
 
 def restore_prefixes(engine) -> None:
@@ -213,7 +257,43 @@ def describe_kv_scales(stats: dict) -> list[str]:
     return lines
 
 
-def serve(options: ServeOptions) -> None:
+class _Terminated(Exception):
+    """SIGTERM, passed on by uvicorn after its graceful shutdown."""
+
+
+@contextlib.contextmanager
+def _sigterm_ends_run():
+    """uvicorn shuts down gracefully on SIGTERM and then raises the signal again with the
+    handler it found, which by default ends the process on the spot: the prefixes would
+    not be saved, nor the worker ranks stopped. Here that second SIGTERM ends only the
+    run, and stopping continues as after Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    except _Terminated:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def serve_node(options: ServeOptions) -> int:
+    """A node other than 0: its worker ranks only, no scheduler and no HTTP server.
+    Returns when they exit (0 when they all stopped cleanly)."""
+    from engine.distributed import launch
+
+    logging.getLogger(launch.__name__).setLevel(logging.INFO)  # which ranks, which pids
+    return launch.run_node(engine_config(options))
+
+
+def serve(options: ServeOptions) -> int:
+    """Serve until stopped; returns the exit code (0, or a node's failed workers' 1)."""
     import asyncio
 
     import uvicorn
@@ -222,6 +302,8 @@ def serve(options: ServeOptions) -> None:
     from engine.server.served_model import ServedModel
 
     options = check_options(options)
+    if options.node_rank > 0:
+        return serve_node(options)
     listener = bind_listener(options.host, options.port)
     try:
         engine = build_engine(options)
@@ -242,6 +324,20 @@ def serve(options: ServeOptions) -> None:
         )
         if options.deterministic:
             log.info("deterministic mode: batch- and cache-invariant reductions")
+        parallel = stats.get("parallel") or {}
+        if parallel.get("tp", 1) > 1:
+            log.info(
+                "tensor parallel %d (expert parallel %d) over %d node(s), %d ranks alive",
+                parallel["tp"],
+                parallel["ep"],
+                parallel["nnodes"],
+                parallel["ranks_alive"],
+            )
+            if options.kv_disk:
+                log.info(
+                    "the prefix disk tier (--kv-disk) is off with --tp > 1: each rank holds "
+                    "its own shard of every page and would need its own files"
+                )
         restore_prefixes(engine)
         app = create_app(engine, model, api_key=options.api_key)
         auth = "API key required" if options.api_key else "no API key"
@@ -253,8 +349,10 @@ def serve(options: ServeOptions) -> None:
             log_level=options.log_level,
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
         )
-        uvicorn.Server(config).run(sockets=[listener])
+        with _sigterm_ends_run():
+            uvicorn.Server(config).run(sockets=[listener])
         save_prefixes(engine)
     finally:
         listener.close()
-        engine.shutdown()
+        engine.shutdown()  # the worker ranks too
+    return 0

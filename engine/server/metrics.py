@@ -95,6 +95,8 @@ class ServerMetrics:
                 ("prefix_cache_hit_rate", "Prompt tokens served from the prefix cache, as a ratio"),
                 ("requests_running", "Requests in the running batch"),
                 ("requests_waiting", "Requests in the waiting queue (queue depth)"),
+                ("tensor_parallel_size", "Tensor-parallel ranks the engine runs on"),
+                ("ranks_alive", "Tensor-parallel ranks alive (a dead one fails the engine)"),
             )
         }
 
@@ -114,6 +116,8 @@ class ServerMetrics:
             "prefix_cache_hit_rate": stats.get("cache_hit_rate") or 0.0,
             "requests_running": stats.get("running") or 0,
             "requests_waiting": stats.get("waiting") or 0,
+            "tensor_parallel_size": (stats.get("parallel") or {}).get("tp", 1),
+            "ranks_alive": (stats.get("parallel") or {}).get("ranks_alive", 1),
         }
         for name, value in values.items():
             self._gauges[name].set(value)

@@ -95,7 +95,7 @@ def test_packed_linear_uses_packed_rows_then_dense_rows_and_keeps_bias():
 def test_the_default_model_packs_whole_and_exactly(monkeypatch):
     """BF16 activations (torch's int4 kernel, no C layer kernels): packing is exact, so
     greedy text equals the dense BF16 model's."""
-    import engine.engine as engine_module
+    import engine.model_stack as engine_module
     from engine import LLM, SamplingParams
 
     monkeypatch.setattr(engine_module, "cpu_kernels_unavailable", lambda: "off for this test")

@@ -1,0 +1,95 @@
+"""What rank 0 sends the other ranks each step, and what a worker rebuilds from it.
+
+A step is described by what ModelRunner.run reads of each scheduled
+sequence: the tokens this step feeds the model (the pending tokens, plus a
+speculative draft), the position of the first of them (the tokens already
+in the cache), the page table up to the step's last position, the token
+count, the draft, and whether the chunk ends at the sequence's last token
+(it then has a sampling row). `want` names the scheduled indexes whose whole
+chunk's logits rank 0 wants: the output head runs collectives, so every rank
+must compute the same rows of it. Nothing else crosses: sampling, stop checks
+and the prefix cache stay on rank 0, and the pages a prefix-cache hit reuses
+already hold every rank's shard of their K/V, because every rank ran the
+steps that wrote them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STEP = "step"
+PING = "ping"  # keeps an idle group inside its collective timeout
+SHUTDOWN = "shutdown"
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceSlice:
+    token_ids: list[int]  # this step's input tokens, the draft included
+    start: int  # num_computed_tokens: the position of token_ids[0]
+    pages: list[int]  # page table, up to the page of the step's last position
+    num_tokens: int
+    draft: list[int]
+    reaches_end: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StepMessage:
+    kind: str
+    sequences: list[SequenceSlice] = field(default_factory=list)
+    want: frozenset[int] = frozenset()
+
+
+def describe_step(batch, want: set[int], page_size: int) -> StepMessage:
+    """Rank 0: the message for this scheduled batch (engine.scheduler.ScheduledSequence)."""
+    sequences = []
+    for item in batch:
+        seq = item.seq
+        start = seq.num_computed_tokens
+        last_page = (start + item.num_tokens - 1) // page_size
+        sequences.append(
+            SequenceSlice(
+                token_ids=item.token_ids(),
+                start=start,
+                pages=seq.pages[: last_page + 1],
+                num_tokens=item.num_tokens,
+                draft=list(item.draft),
+                reaches_end=item.reaches_end,
+            )
+        )
+    return StepMessage(STEP, sequences, frozenset(want))
+
+
+@dataclass(slots=True)
+class WorkerSequence:
+    """The part of engine.sequence.Sequence the runner reads."""
+
+    num_computed_tokens: int
+    pages: list[int]
+
+
+@dataclass(slots=True)
+class WorkerItem:
+    """A stand-in for engine.scheduler.ScheduledSequence that ModelRunner.run accepts."""
+
+    seq: WorkerSequence
+    num_tokens: int
+    draft: list[int]
+    reaches_end: bool
+    tokens: list[int]
+
+    def token_ids(self) -> list[int]:
+        return self.tokens
+
+
+def rebuild_batch(message: StepMessage) -> list[WorkerItem]:
+    """A worker: the batch ModelRunner.run takes, from rank 0's message."""
+    return [
+        WorkerItem(
+            seq=WorkerSequence(s.start, s.pages),
+            num_tokens=s.num_tokens,
+            draft=s.draft,
+            reaches_end=s.reaches_end,
+            tokens=s.token_ids,
+        )
+        for s in message.sequences
+    ]
