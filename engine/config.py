@@ -59,6 +59,9 @@ class EngineConfig(BaseModel):
     speculative: SpeculativeName = "none"
     speculative_max_draft: int = Field(default=8, ge=1, le=64)
     device: str | None = None
+    # FP8 block-scaled and INT4 checkpoints: keep each quantized layer in the
+    # checkpoint's form (engine/layers/packed_methods.py), or dequantize at load.
+    quantized_weights: Literal["packed", "dequantized"] = "packed"
     # Tensor parallelism (engine/distributed, docs/DISTRIBUTED.md): this many ranks in
     # all, one process each; rank 0 is this process (scheduler, cache, server) and
     # starts the workers of its node. Across nodes each node runs tensor_parallel_size

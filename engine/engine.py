@@ -22,6 +22,7 @@ from engine.kv.pages import PageAllocator
 from engine.kv.radix import RadixCache
 from engine.kv.scales import scales_in_force
 from engine.kv.sizing import kv_bytes_per_token
+from engine.layers.linear_methods import describe_methods, model_weight_bytes
 from engine.model_stack import build_model_stack
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampler import Sampler, token_logprob
@@ -85,6 +86,14 @@ class LLMEngine:
         self.kv_rotation, self.kv_rotation_detail = stack.kv_rotation, stack.kv_rotation_detail
         self.kv_scales_file = stack.kv_scales_file
         self.cpu_kernel = stack.cpu_kernel
+        # Counted once: parameters do not change after load.
+        self.weight_bytes = model_weight_bytes(self.model)
+        self.linear_methods = describe_methods(self.model)
+        log.info(
+            "weights held: %.3f GiB on this rank; linear layers: %s",
+            self.weight_bytes / GIB,
+            ", ".join(f"{n} {name}" for name, n in sorted(self.linear_methods.items())),
+        )
         self.pool, self.runner = stack.pool, stack.runner
         self.allocator = PageAllocator(self.pool.num_pages)
         self.prefix_cache = (
@@ -434,6 +443,8 @@ class LLMEngine:
             "kv_scales": scales_in_force(self.pool, self.kv_rotation),
             "attention_backend": self.runner.backend.name,
             "cpu_kernel": self.cpu_kernel,
+            "weight_bytes": self.weight_bytes,
+            "linear_methods": self.linear_methods,
             **self.speculator.stats(),
             "parallel": self.executor.describe(),
             "running": len(self.scheduler.running),

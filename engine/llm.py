@@ -299,6 +299,8 @@ class LLM:
             "scale_source": pool.scale_source,
             "kv_rotation": self.engine.kv_rotation,
             "max_context_tokens": self.engine.max_model_len,
+            "weight_bytes": self.engine.weight_bytes,
+            "linear_methods": self.engine.linear_methods,
         }
 
 

@@ -90,7 +90,10 @@ def build_model_stack(config: EngineConfig, model_dir: Path, device: torch.devic
             "(they replace module forwards, which would skip the collectives)"
         )
     model, model_config, ckpt_scales = load_model(
-        model_dir, torch.float32 if packs else dtype, device
+        model_dir,
+        torch.float32 if packs else dtype,
+        device,
+        keep_packed=config.quantized_weights == "packed",
     )
     kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, dtype)
     max_model_len = config.max_model_len or model_config.max_position_embeddings
@@ -215,7 +218,10 @@ def _enable_deterministic(model: torch.nn.Module, model_config) -> None:
             f"--deterministic is implemented for dense GQA models (Llama, Qwen2, GLM-4); "
             f"{model_config.architecture} is not one yet"
         )
-    make_linear_layers_batch_invariant(model)
+    try:
+        make_linear_layers_batch_invariant(model)
+    except ValueError as err:
+        raise EngineError(f"--deterministic: {err}") from None
 
 
 def _build_pool(

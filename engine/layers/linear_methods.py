@@ -97,6 +97,18 @@ def describe_methods(model: nn.Module) -> dict[str, int]:
     return dict(Counter(m.method.name for m in model.modules() if isinstance(m, MethodLinear)))
 
 
+def model_weight_bytes(model: nn.Module) -> int:
+    """Bytes of weights this rank holds: every parameter once (tied ones once), plus
+    the packed forms CPU grid methods keep beside them."""
+    held = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
+    grids = sum(
+        m.method.packed.nbytes
+        for m in model.modules()
+        if isinstance(m, MethodLinear) and isinstance(m.method, GridMethod)
+    )
+    return sum(held.values()) + grids
+
+
 class MethodLinear(nn.Linear):
     """nn.Linear whose product is its method's (dense unless the engine chose another)."""
 

@@ -118,3 +118,22 @@ def test_a_rank_whose_columns_cut_an_int4_group_dequantizes_that_layer(tmp_path)
     expert = model.model.layers[1].mlp.experts[0]
     assert expert.gate_up_proj.method.name == "int4-group"  # rows split: still packed
     assert expert.down_proj.method.name == "dense"  # 16 of 32 columns: dequantized
+
+
+@pytest.mark.parametrize("family", ["kimi_k2", "glm4_moe"])
+def test_the_engine_serves_packed_as_it_serves_dequantized(tmp_path, family):
+    """Greedy tokens through the whole engine, and the weight bytes it reports."""
+    from engine import LLM, SamplingParams
+
+    tiny = make_checkpoint(family, tmp_path / "m", quantization="int4_experts")
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    prompts = [[5, 9, 17, 33, 2, 60, 7], [40, 41, 42]]
+    runs = {}
+    for form in ("packed", "dequantized"):
+        llm = LLM(str(tiny.path), dtype="float32", kv_memory=0.01, quantized_weights=form)
+        tokens = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
+        runs[form] = (tokens, llm.stats())
+    assert runs["packed"][0] == runs["dequantized"][0]
+    packed_stats, dense_stats = runs["packed"][1], runs["dequantized"][1]
+    assert packed_stats["linear_methods"]["int4-group"] == 16
+    assert packed_stats["weight_bytes"] < dense_stats["weight_bytes"]

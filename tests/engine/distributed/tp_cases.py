@@ -1,35 +1,35 @@
-"""What each rank runs for the tensor-parallel model tests (imported by spawned ranks)."""
+"""What the tensor-parallel model tests run on each engine (TP 1 and TP N alike)."""
 
 from __future__ import annotations
 
 from engine import LLM, SamplingParams
-from engine.distributed import parallel
 
 PROMPTS = [[5, 9, 17, 33, 2, 60], [7, 8], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 11]]
 SHARED_PREFIX = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28, 84, 19]
 
 
-def run_case(model_dir: str, kv: str, expert_parallel: bool) -> dict:
+def run_case(model_dir: str, kv: str, expert_parallel: bool, tp: int) -> dict:
     """Greedy tokens and their logprobs for a batch of prompts, prefill logits, and a
-    prefix-cache hit, on this rank's shard of the model."""
-    layout = parallel.layout()
-    parallel.set_layout(parallel.ParallelLayout(layout.size, layout.rank, expert_parallel))
-    llm = LLM(model_dir, dtype="float32", kv_cache_dtype=kv, kv_memory=0.01)
-    greedy = SamplingParams(max_tokens=6, temperature=0, logprobs=0, ignore_eos=True)
-    batch = llm.generate(PROMPTS, greedy)
-    logits = llm.prompt_logits(PROMPTS[2])
-    cold = llm.generate([SHARED_PREFIX + [7]], greedy)[0]
-    warm = llm.generate([SHARED_PREFIX + [7]], greedy)[0]
-    return {
-        "tokens": [out.outputs[0].token_ids for out in batch],
-        "logprobs": [[lp.logprob for lp in out.outputs[0].logprobs] for out in batch],
-        "logits": logits,
-        "cold": cold.outputs[0].token_ids,
-        "warm": warm.outputs[0].token_ids,
-        "warm_cached": warm.num_cached_tokens,
-        "kv_layout": llm.engine.layout,
-    }
-
-
-def run_cases(rank: int, cases: list[tuple[str, str, bool]]) -> list[dict]:
-    return [run_case(*case) for case in cases]
+    prefix-cache hit, through `LLM(..., tensor_parallel_size=tp)`."""
+    with LLM(
+        model_dir,
+        dtype="float32",
+        kv_cache_dtype=kv,
+        kv_memory=0.01,
+        tensor_parallel_size=tp,
+        expert_parallel=expert_parallel and tp > 1,
+    ) as llm:
+        greedy = SamplingParams(max_tokens=6, temperature=0, logprobs=0, ignore_eos=True)
+        batch = llm.generate(PROMPTS, greedy)
+        logits = llm.prompt_logits(PROMPTS[2])
+        cold = llm.generate([SHARED_PREFIX + [7]], greedy)[0]
+        warm = llm.generate([SHARED_PREFIX + [7]], greedy)[0]
+        return {
+            "tokens": [out.outputs[0].token_ids for out in batch],
+            "logprobs": [[lp.logprob for lp in out.outputs[0].logprobs] for out in batch],
+            "logits": logits,
+            "cold": cold.outputs[0].token_ids,
+            "warm": warm.outputs[0].token_ids,
+            "warm_cached": warm.num_cached_tokens,
+            "methods": llm.stats().get("linear_methods"),
+        }
