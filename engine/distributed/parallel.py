@@ -93,12 +93,18 @@ def init_distributed(
     device = device or torch.device("cpu")
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
+    options = {}
+    if backend == "nccl":
+        # Bind NCCL to this rank's GPU up front (no guessing from the current device).
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        options["device_id"] = torch.device("cuda", index)
     dist.init_process_group(
         backend,
         init_method=f"tcp://{master_addr}:{master_port}",
         rank=rank,
         world_size=world_size,
         timeout=timeout,
+        **options,
     )
     _control_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
     set_layout(ParallelLayout(world_size, rank, expert_parallel))
