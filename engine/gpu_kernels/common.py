@@ -1,0 +1,173 @@
+"""What the GEMM kernels share: the weight kinds, tile loaders, the dot dtype, input checks.
+
+Weights arrive in their checkpoint's layout (engine/weights/ knows the
+formats; the loaders here read the same bytes):
+
+- dense:  float weights [N, K] in the activations' dtype;
+- FP8:    float8_e4m3fn [N, K], passed to kernels as uint8 bytes (the
+          interpreter has no fp8 tensors), with float32 `weight_scale_inv`
+          [ceil(N/BN_s), ceil(K/BK_s)], one per (BN_s x BK_s) block (128x128);
+- INT4:   int32 [N, ceil(K/8)], eight nibbles per word, the first value in
+          the lowest nibble, each nibble = value + 8; scales [N, ceil(K/G)]
+          (bfloat16 in Kimi's checkpoints), symmetric, group G = 32.
+
+Every loader returns a [BLOCK_K, BLOCK_N] tile in the dot dtype plus what
+must multiply the fp32 partial product afterwards. FP8 values are exact in
+bf16 and fp32 and INT4 values are small integers, so widening never rounds;
+INT4 tiles are scaled before the dot (a scale per group of K, so a tile may
+span several groups), which on a GPU rounds each weight to the dot dtype once,
+exactly as `dequantize_packed_int4(..., dtype=bfloat16)` does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.attention.triton import interpreting
+
+DENSE, FP8, INT4 = 0, 1, 2  # the `KIND` constexpr of the kernels
+FP8_BLOCK = 128  # DeepSeek's block: activation groups and weight blocks along K and N
+INT4_VALUES_PER_WORD = 8
+# vLLM's epsilon: an all-zero activation group still gets a positive scale.
+ACT_AMAX_EPS = 1e-10
+
+
+@triton.jit
+def load_weight_tile(
+    w_ptr,
+    s_ptr,
+    n,
+    k,
+    k0,
+    n_mask,
+    k_mask,
+    stride_wn,
+    stride_sn,
+    stride_sk,
+    KIND: tl.constexpr,
+    SCALE_N: tl.constexpr,
+    SCALE_K: tl.constexpr,
+    DOT: tl.constexpr,
+):
+    """W^T tile [BLOCK_K, BLOCK_N] at rows n, columns k in DOT, and its column scales [BLOCK_N].
+
+    DENSE: the scales are ones. FP8: the tile's K range lies in one scale
+    block (callers use BLOCK_K dividing SCALE_K, tiles aligned at 0), so each
+    column n has one scale, that of its row block n // SCALE_N. INT4: the
+    group scales are already applied, so the returned scales are ones.
+    """
+    mask = k_mask[:, None] & n_mask[None, :]
+    scales = tl.full(n.shape, 1.0, tl.float32)
+    if KIND == 1:
+        raw = tl.load(w_ptr + n[None, :] * stride_wn + k[:, None], mask=mask, other=0)
+        w = raw.to(tl.float8e4nv, bitcast=True).to(DOT)
+        scale_ptrs = s_ptr + (n // SCALE_N) * stride_sn + (k0 // SCALE_K) * stride_sk
+        scales = tl.load(scale_ptrs, mask=n_mask, other=0.0)
+    elif KIND == 2:
+        words = tl.load(w_ptr + n[None, :] * stride_wn + (k // 8)[:, None], mask=mask, other=0)
+        # Arithmetic shift of the signed word, then the nibble: 0..15 -> -8..7.
+        q = ((words >> ((k % 8) * 4)[:, None]) & 0xF) - 8
+        group_scale = tl.load(
+            s_ptr + n[None, :] * stride_sn + (k // SCALE_K)[:, None] * stride_sk,
+            mask=mask,
+            other=0.0,
+        )
+        w = (q.to(tl.float32) * group_scale.to(tl.float32)).to(DOT)
+    else:
+        w = tl.load(w_ptr + n[None, :] * stride_wn + k[:, None], mask=mask, other=0.0).to(DOT)
+    return w, scales
+
+
+@triton.jit
+def load_act_tile(
+    a_ptr,
+    as_ptr,
+    rows,
+    k,
+    k0,
+    row_mask,
+    k_mask,
+    stride_am,
+    stride_asm,
+    KIND: tl.constexpr,
+    SCALE_K: tl.constexpr,
+    DOT: tl.constexpr,
+):
+    """Activation tile [BLOCK_M, BLOCK_K] in DOT and its row scales [BLOCK_M].
+
+    With FP8 weights the activations are e4m3 bytes with one float32 scale
+    per row and group of SCALE_K columns (one group per tile); otherwise
+    they are loaded as they are and the scales are ones.
+    """
+    mask = row_mask[:, None] & k_mask[None, :]
+    ptrs = a_ptr + rows[:, None] * stride_am + k[None, :]
+    if KIND == 1:
+        a = tl.load(ptrs, mask=mask, other=0).to(tl.float8e4nv, bitcast=True).to(DOT)
+        scales = tl.load(as_ptr + rows * stride_asm + k0 // SCALE_K, mask=row_mask, other=0.0)
+    else:
+        a = tl.load(ptrs, mask=mask, other=0.0).to(DOT)
+        scales = tl.full(rows.shape, 1.0, tl.float32)
+    return a, scales
+
+
+def dot_config(act_dtype: torch.dtype, kind: int, device: torch.device) -> tuple[tl.dtype, str]:
+    """The dtype tl.dot multiplies in and its input precision.
+
+    Under TRITON_INTERPRET=1 everything multiplies in fp32: the interpreter's
+    tl.dot gives garbage for bf16 operands (engine.attention.triton.common).
+    On a GPU: FP8 x FP8 on tensor cores where the GPU has them (compute
+    capability 8.9 and later), else in bf16 (e4m3 values are exact in it);
+    fp32 activations in full IEEE precision (not tf32); bf16/fp16 in their
+    own type with fp32 accumulation.
+    """
+    if interpreting() or (act_dtype == torch.float32 and kind != FP8):
+        return tl.float32, "ieee"
+    if kind == FP8:
+        if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
+            return tl.float8e4nv, "tf32"
+        return tl.bfloat16, "tf32"
+    return (tl.float16 if act_dtype == torch.float16 else tl.bfloat16), "tf32"
+
+
+FLOAT_ACTS = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_tensor(
+    name: str, t: torch.Tensor, dims: int, dtypes: tuple[torch.dtype, ...], device: torch.device
+) -> None:
+    """A clear ValueError unless t has `dims` dimensions, one of `dtypes`, and lives on `device`."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must be {dims}-D, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        wanted = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"{name} has dtype {t.dtype}, expected one of: {wanted}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, the activations on {device}")
+
+
+def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...], why: str) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(expected)} ({why})")
+
+
+def as_bytes(fp8: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn (or uint8) -> its uint8 bytes, innermost dimension dense."""
+    raw = fp8.view(torch.uint8) if fp8.dtype != torch.uint8 else fp8
+    return raw if raw.stride(-1) == 1 else raw.contiguous()
+
+
+def dense_last(t: torch.Tensor) -> torch.Tensor:
+    """t with a unit stride along its last dimension (kernels index columns directly)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def power_of_two_at_least(n: int, minimum: int = 16) -> int:
+    return max(minimum, triton.next_power_of_2(n))
