@@ -14,6 +14,7 @@ Importing this package does not import Triton (see engine.attention.triton for
                  epilogue), one for down (routing weight in the epilogue), then the
                  per-token sum; BF16, FP8-block and INT4 experts
 - common:        the tile loaders the three GEMMs share (one place per weight format)
+- layout:        weight kinds, format constants and input checks (no Triton import)
 
 docs/GPU_KERNELS.md describes layouts, tile choices and tolerances.
 """

@@ -1,4 +1,4 @@
-"""What the GEMM kernels share: the weight kinds, tile loaders, the dot dtype, input checks.
+"""What the GEMM kernels share: the tile loaders and the dot dtype (kinds and checks: layout.py).
 
 Weights arrive in their checkpoint's layout (engine/weights/ knows the
 formats; the loaders here read the same bytes):
@@ -26,12 +26,9 @@ import triton
 import triton.language as tl
 
 from engine.attention.triton import interpreting
+from engine.gpu_kernels.layout import FP8
 
-DENSE, FP8, INT4 = 0, 1, 2  # the `KIND` constexpr of the kernels
-FP8_BLOCK = 128  # DeepSeek's block: activation groups and weight blocks along K and N
-INT4_VALUES_PER_WORD = 8
-# vLLM's epsilon: an all-zero activation group still gets a positive scale.
-ACT_AMAX_EPS = 1e-10
+__all__ = ["dot_config", "interpreting", "load_act_tile", "load_weight_tile"]
 
 
 @triton.jit
@@ -60,6 +57,7 @@ def load_weight_tile(
     """
     mask = k_mask[:, None] & n_mask[None, :]
     scales = tl.full(n.shape, 1.0, tl.float32)
+    # KIND is layout.FP8 (1) or layout.INT4 (2), else DENSE: jit code reads no plain globals.
     if KIND == 1:
         raw = tl.load(w_ptr + n[None, :] * stride_wn + k[:, None], mask=mask, other=0)
         w = raw.to(tl.float8e4nv, bitcast=True).to(DOT)
@@ -129,45 +127,3 @@ def dot_config(act_dtype: torch.dtype, kind: int, device: torch.device) -> tuple
             return tl.float8e4nv, "tf32"
         return tl.bfloat16, "tf32"
     return (tl.float16 if act_dtype == torch.float16 else tl.bfloat16), "tf32"
-
-
-FLOAT_ACTS = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def check_tensor(
-    name: str, t: torch.Tensor, dims: int, dtypes: tuple[torch.dtype, ...], device: torch.device
-) -> None:
-    """A clear ValueError unless t has `dims` dimensions, one of `dtypes`, and lives on `device`."""
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != dims:
-        raise ValueError(f"{name} must be {dims}-D, got shape {tuple(t.shape)}")
-    if t.dtype not in dtypes:
-        wanted = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-        raise ValueError(f"{name} has dtype {t.dtype}, expected one of: {wanted}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, the activations on {device}")
-
-
-def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...], why: str) -> None:
-    if tuple(t.shape) != tuple(expected):
-        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(expected)} ({why})")
-
-
-def as_bytes(fp8: torch.Tensor) -> torch.Tensor:
-    """float8_e4m3fn (or uint8) -> its uint8 bytes, innermost dimension dense."""
-    raw = fp8.view(torch.uint8) if fp8.dtype != torch.uint8 else fp8
-    return raw if raw.stride(-1) == 1 else raw.contiguous()
-
-
-def dense_last(t: torch.Tensor) -> torch.Tensor:
-    """t with a unit stride along its last dimension (kernels index columns directly)."""
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def power_of_two_at_least(n: int, minimum: int = 16) -> int:
-    return max(minimum, triton.next_power_of_2(n))

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.gpu_kernels.common import (
+from engine.gpu_kernels.layout import (
     ACT_AMAX_EPS,
     FLOAT_ACTS,
     FP8_BLOCK,

@@ -27,7 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.gpu_kernels.common import (
+from engine.gpu_kernels.common import dot_config, interpreting, load_act_tile, load_weight_tile
+from engine.gpu_kernels.fp8_act_quant import quantize_activations
+from engine.gpu_kernels.layout import (
     FLOAT_ACTS,
     FP8,
     FP8_BLOCK,
@@ -36,12 +38,7 @@ from engine.gpu_kernels.common import (
     check_shape,
     check_tensor,
     dense_last,
-    dot_config,
-    interpreting,
-    load_act_tile,
-    load_weight_tile,
 )
-from engine.gpu_kernels.fp8_act_quant import quantize_activations
 from engine.kv.quant import FP8_DTYPE
 
 GROUP_M = 8

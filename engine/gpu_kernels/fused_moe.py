@@ -37,18 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.gpu_kernels.common import (
-    FLOAT_ACTS,
-    FP8,
-    as_bytes,
-    check_tensor,
-    dense_last,
-    dot_config,
-    interpreting,
-    load_act_tile,
-    load_weight_tile,
-)
+from engine.gpu_kernels.common import dot_config, interpreting, load_act_tile, load_weight_tile
 from engine.gpu_kernels.fp8_act_quant import quantize_activations
+from engine.gpu_kernels.layout import FLOAT_ACTS, FP8, as_bytes, check_tensor, dense_last
 from engine.gpu_kernels.moe_align import MoeBlocks, moe_align
 from engine.gpu_kernels.moe_weights import DenseExperts, Experts, Fp8BlockExperts, Int4Experts
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.gpu_kernels.common import (
+from engine.gpu_kernels.layout import (
     DENSE,
     FLOAT_ACTS,
     FP8,

@@ -24,7 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.gpu_kernels.common import (
+from engine.gpu_kernels.common import dot_config, interpreting, load_act_tile, load_weight_tile
+from engine.gpu_kernels.layout import (
     FLOAT_ACTS,
     INT4,
     INT4_VALUES_PER_WORD,
@@ -32,10 +33,6 @@ from engine.gpu_kernels.common import (
     check_shape,
     check_tensor,
     dense_last,
-    dot_config,
-    interpreting,
-    load_act_tile,
-    load_weight_tile,
 )
 
 GROUP_M = 8  # programs along M that walk the same weight columns before moving on
