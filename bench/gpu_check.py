@@ -14,7 +14,11 @@
    achieved bandwidth is compared with a device copy measured in the same run.
    Targets: FP8 at least 1.6x faster than BF16 at 32k, at least 60% of copy.
    Then FP8 decode at 32k under other tile sizes (BLOCK_N, warps): tuning data.
-3. End-to-end decode tokens/s of mid-size random GLM-MoE and Kimi (MLA) models.
+3. Quantized-weight kernels (bench/gpu_check_quant.py): W4A16, FP8-block GEMM
+   and the fused MoE (BF16/FP8/INT4 experts) on Kimi shapes, checked against
+   torch and timed against torch's dequantize-then-matmul and _scaled_mm.
+   `--quant-only` runs this part alone; `--skip-quant` leaves it out.
+4. End-to-end decode tokens/s of mid-size random GLM-MoE and Kimi (MLA) models.
 Prints a table last and writes JSON.
 """
 
@@ -35,6 +39,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain checkout
 
 from bench.gpu_check_correctness import fill_random_, gqa_checks, mla_checks  # noqa: E402
+from bench.gpu_check_quant import plan as quant_plan  # noqa: E402
+from bench.gpu_check_quant import run_quant, table_lines  # noqa: E402
 
 FULL = dict(
     contexts=[8192, 32768, 131072],
@@ -259,12 +265,14 @@ def targets(rows: list[dict], copy_gbs: float) -> list[dict]:
 
 
 def table(result: dict) -> str:
-    copy = result["copy_gbs"]
+    copy = result.get("copy_gbs", float("nan"))  # absent with --quant-only
     lines = [
         f"copy bandwidth {copy:,.0f} GB/s on {result['env']['device']}",
         f"{'kind':<5}{'ctx':>8}{'batch':>6}{'bf16 ms':>10}{'fp8 ms':>10}{'x':>6}{'fp8 GB/s':>10}{'% copy':>8}",
     ]
-    for r in result["decode"]:
+    if "decode" not in result:
+        lines = [f"on {result['env']['device']}"]
+    for r in result.get("decode", []):
         if "error" in r:
             lines.append(f"{r['kind']:<5}{r['context']:>8}  error: {r['error'][:80]}")
             continue
@@ -282,7 +290,7 @@ def table(result: dict) -> str:
             f"{r['warps']} warps, "
             f"{r['fp8_ms']:.3f} ms, {r['fp8_gbs']:,.0f} GB/s"
         )
-    for r in result["e2e"]:
+    for r in result.get("e2e", []):
         lines.append(
             f"e2e {r['model']:<9}{r.get('backend', ''):<7}{r.get('kv', ''):<9}"
             + (
@@ -291,12 +299,15 @@ def table(result: dict) -> str:
                 else f" {r.get('error')}"
             )
         )
-    bad = [c["check"] for c in result["correctness"] if not c["ok"]]
+    if "quant" in result:
+        lines.extend(table_lines(result["quant"]))
+    checks = result.get("correctness", [])
+    bad = [c["check"] for c in checks if not c["ok"]]
     lines.append(
-        f"correctness: {len(result['correctness']) - len(bad)}/{len(result['correctness'])} ok"
+        f"correctness: {len(checks) - len(bad)}/{len(checks)} ok"
         + (f"; FAILED: {', '.join(bad)}" if bad else "")
     )
-    for t in result["targets"]:
+    for t in result.get("targets", []):
         lines.append(
             f"target @32k batch {t['batch']}: speedup {t['speedup']:.2f} (>= {TARGET_SPEEDUP}: "
             f"{t['speedup_ok']}), {100 * t['fp8_bandwidth_fraction']:.0f}% of copy "
@@ -313,13 +324,18 @@ def main(argv: list[str] | None = None) -> int:
         "--smoke", action="store_true", help="tiny shapes (CPU: TRITON_INTERPRET=1)"
     )
     parser.add_argument("--skip-e2e", action="store_true", help="kernels only")
+    parser.add_argument("--skip-quant", action="store_true", help="no quantized-weight kernels")
+    parser.add_argument(
+        "--quant-only", action="store_true", help="only the quantized-weight kernels (part 3)"
+    )
     parser.add_argument(
         "--budget-s", type=float, default=400.0, help="no e2e run starts after this many seconds"
     )
     args = parser.parse_args(argv)
     cfg = SMOKE if args.smoke else FULL
+    mode = "smoke" if args.smoke else "full"
     if args.dry_run:
-        print(json.dumps(plan(cfg), indent=1))
+        print(json.dumps({**plan(cfg), "quant": quant_plan(mode)}, indent=1))
         return 0
     started = time.monotonic()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -347,24 +363,32 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda"
         else None
     )
-    result = {"env": env, "mode": "smoke" if args.smoke else "full", "plan": plan(cfg)}
-    exact = device.type == "cuda"
-    result["correctness"] = gqa_checks(cfg, device, exact) + mla_checks(cfg, device, exact)
-    result["copy_gbs"] = copy_bandwidth(cfg, device)
-    result["decode"] = decode_timings(cfg, device, flush)
-    result["targets"] = targets(result["decode"], result["copy_gbs"])
-    result["decode_tile_sweep"] = tile_sweep(cfg, device, flush)
-    if args.skip_e2e:
+    result = {"env": env, "mode": mode, "plan": plan(cfg)}
+
+    def timed(fn, iters: int, warmup: int) -> float:
+        return timed_ms(fn, device, iters, warmup, flush)
+
+    if not args.quant_only:
+        exact = device.type == "cuda"
+        result["correctness"] = gqa_checks(cfg, device, exact) + mla_checks(cfg, device, exact)
+        result["copy_gbs"] = copy_bandwidth(cfg, device)
+        result["decode"] = decode_timings(cfg, device, flush)
+        result["targets"] = targets(result["decode"], result["copy_gbs"])
+        result["decode_tile_sweep"] = tile_sweep(cfg, device, flush)
+    if not args.skip_quant:
+        result["quant"] = run_quant(mode, device, timed)
+        free_memory(device)
+    if args.skip_e2e or args.quant_only:
         result["e2e"] = []
     else:
         from bench.gpu_check_e2e import run_e2e
 
-        mode = "smoke" if args.smoke else "full"
         result["e2e"] = run_e2e(cfg, device, started + args.budget_s, mode)
     result["elapsed_s"] = time.monotonic() - started
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(table(result))
-    return 0 if all(c["ok"] for c in result["correctness"]) else 1
+    checks = result.get("correctness", []) + result.get("quant", {}).get("checks", [])
+    return 0 if all(c["ok"] for c in checks) else 1
 
 
 if __name__ == "__main__":

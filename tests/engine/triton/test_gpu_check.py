@@ -33,6 +33,8 @@ def test_dry_run_plans_every_context_and_batch(gpu_check, capsys):
     one = next(r for r in planned["runs"] if (r["context"], r["batch"]) == (32768, 1))
     splits, size = one["gqa_splits"]
     assert splits > 1 and splits * size >= 32768  # batch 1 at 32k is split across the GPU
+    kimi_experts = 384 * 3 * 7168 * 2048  # routed expert parameters of one Kimi layer
+    assert planned["quant"]["moe_weight_bytes"]["fp8"] == kimi_experts
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rehearsal; a GPU runs the real one")
@@ -48,10 +50,17 @@ def test_smoke_run_checks_times_and_reports(gpu_check, tmp_path, capsys):
     assert {(r["block_n"], r["batch"]) for r in result["decode_tile_sweep"]} == {
         (n, b) for n in (16, 32) for b in (1, 3)
     }
+    quant = result["quant"]
+    assert len(quant["checks"]) == 6 and all(c["ok"] for c in quant["checks"]), quant["checks"]
+    assert [r["kernel"] for r in quant["timings"]] == [
+        "w4a16", "fp8_block", "fused_moe_bf16", "fused_moe_fp8", "fused_moe_int4"
+    ]  # fmt: skip
+    assert all(r["kernel_ms"] > 0 and r["torch_bf16_ms"] > 0 for r in quant["timings"])
     assert [r["model"] for r in result["e2e"]] == ["glm4_moe", "kimi"]
     assert all(r.get("decode_tok_s", 0) > 0 for r in result["e2e"]), result["e2e"]
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[-1].startswith("correctness: 12/12 ok")  # the table comes last
+    assert printed[-2] == "quantized kernels: 6/6 ok"
 
 
 def test_targets_and_table_flag_misses(gpu_check):
@@ -80,3 +89,17 @@ def test_targets_and_table_flag_misses(gpu_check):
     text = gpu_check.table(result)
     assert "FAILED: gqa decode" in text and "out of memory" in text and "boom" in text
     assert text.splitlines()[-1].startswith("target @32k batch 1: speedup 1.25")
+
+
+def test_quant_only_table_flags_failures(gpu_check):
+    """--quant-only results have no attention parts; the table still reports the kernels."""
+    quant = {
+        "checks": [{"check": "w4a16 1x7168x18432", "ok": True},
+                   {"check": "fused moe int4 64 tokens", "ok": False, "error": "boom"}],
+        "timings": [{"kernel": "w4a16", "m": 1, "k": 7168, "n": 18432, "kernel_ms": 0.05,
+                     "torch_bf16_ms": 0.2, "torch_dequant_ms": 1.5}],
+    }  # fmt: skip
+    lines = gpu_check.table({"env": {"device": "H200"}, "quant": quant, "e2e": []}).splitlines()
+    assert lines[0] == "on H200"
+    assert "kernel    0.050 ms, torch_bf16 0.200, torch_dequant 1.500" in lines[1]
+    assert lines[-2] == "quantized kernels: 1/2 ok; FAILED: fused moe int4 64 tokens"

@@ -1,0 +1,129 @@
+"""What the GEMM kernels share: the tile loaders and the dot dtype (kinds and checks: layout.py).
+
+Weights arrive in their checkpoint's layout (engine/weights/ knows the
+formats; the loaders here read the same bytes):
+
+- dense:  float weights [N, K] in the activations' dtype;
+- FP8:    float8_e4m3fn [N, K], passed to kernels as uint8 bytes (the
+          interpreter has no fp8 tensors), with float32 `weight_scale_inv`
+          [ceil(N/BN_s), ceil(K/BK_s)], one per (BN_s x BK_s) block (128x128);
+- INT4:   int32 [N, ceil(K/8)], eight nibbles per word, the first value in
+          the lowest nibble, each nibble = value + 8; scales [N, ceil(K/G)]
+          (bfloat16 in Kimi's checkpoints), symmetric, group G = 32.
+
+Every loader returns a [BLOCK_K, BLOCK_N] tile in the dot dtype plus what
+must multiply the fp32 partial product afterwards. FP8 values are exact in
+bf16 and fp32 and INT4 values are small integers, so widening never rounds;
+INT4 tiles are scaled before the dot (a scale per group of K, so a tile may
+span several groups), which on a GPU rounds each weight to the dot dtype once,
+exactly as `dequantize_packed_int4(..., dtype=bfloat16)` does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.attention.triton import interpreting
+from engine.gpu_kernels.layout import FP8
+
+__all__ = ["dot_config", "interpreting", "load_act_tile", "load_weight_tile"]
+
+
+@triton.jit
+def load_weight_tile(
+    w_ptr,
+    s_ptr,
+    n,
+    k,
+    k0,
+    n_mask,
+    k_mask,
+    stride_wn,
+    stride_sn,
+    stride_sk,
+    KIND: tl.constexpr,
+    SCALE_N: tl.constexpr,
+    SCALE_K: tl.constexpr,
+    DOT: tl.constexpr,
+):
+    """W^T tile [BLOCK_K, BLOCK_N] at rows n, columns k in DOT, and its column scales [BLOCK_N].
+
+    DENSE: the scales are ones. FP8: the tile's K range lies in one scale
+    block (callers use BLOCK_K dividing SCALE_K, tiles aligned at 0), so each
+    column n has one scale, that of its row block n // SCALE_N. INT4: the
+    group scales are already applied, so the returned scales are ones.
+    """
+    mask = k_mask[:, None] & n_mask[None, :]
+    scales = tl.full(n.shape, 1.0, tl.float32)
+    # KIND is layout.FP8 (1) or layout.INT4 (2), else DENSE: jit code reads no plain globals.
+    if KIND == 1:
+        raw = tl.load(w_ptr + n[None, :] * stride_wn + k[:, None], mask=mask, other=0)
+        w = raw.to(tl.float8e4nv, bitcast=True).to(DOT)
+        scale_ptrs = s_ptr + (n // SCALE_N) * stride_sn + (k0 // SCALE_K) * stride_sk
+        scales = tl.load(scale_ptrs, mask=n_mask, other=0.0)
+    elif KIND == 2:
+        words = tl.load(w_ptr + n[None, :] * stride_wn + (k // 8)[:, None], mask=mask, other=0)
+        # Arithmetic shift of the signed word, then the nibble: 0..15 -> -8..7.
+        q = ((words >> ((k % 8) * 4)[:, None]) & 0xF) - 8
+        group_scale = tl.load(
+            s_ptr + n[None, :] * stride_sn + (k // SCALE_K)[:, None] * stride_sk,
+            mask=mask,
+            other=0.0,
+        )
+        w = (q.to(tl.float32) * group_scale.to(tl.float32)).to(DOT)
+    else:
+        w = tl.load(w_ptr + n[None, :] * stride_wn + k[:, None], mask=mask, other=0.0).to(DOT)
+    return w, scales
+
+
+@triton.jit
+def load_act_tile(
+    a_ptr,
+    as_ptr,
+    rows,
+    k,
+    k0,
+    row_mask,
+    k_mask,
+    stride_am,
+    stride_asm,
+    KIND: tl.constexpr,
+    SCALE_K: tl.constexpr,
+    DOT: tl.constexpr,
+):
+    """Activation tile [BLOCK_M, BLOCK_K] in DOT and its row scales [BLOCK_M].
+
+    With FP8 weights the activations are e4m3 bytes with one float32 scale
+    per row and group of SCALE_K columns (one group per tile); otherwise
+    they are loaded as they are and the scales are ones.
+    """
+    mask = row_mask[:, None] & k_mask[None, :]
+    ptrs = a_ptr + rows[:, None] * stride_am + k[None, :]
+    if KIND == 1:
+        a = tl.load(ptrs, mask=mask, other=0).to(tl.float8e4nv, bitcast=True).to(DOT)
+        scales = tl.load(as_ptr + rows * stride_asm + k0 // SCALE_K, mask=row_mask, other=0.0)
+    else:
+        a = tl.load(ptrs, mask=mask, other=0.0).to(DOT)
+        scales = tl.full(rows.shape, 1.0, tl.float32)
+    return a, scales
+
+
+def dot_config(act_dtype: torch.dtype, kind: int, device: torch.device) -> tuple[tl.dtype, str]:
+    """The dtype tl.dot multiplies in and its input precision.
+
+    Under TRITON_INTERPRET=1 everything multiplies in fp32: the interpreter's
+    tl.dot gives garbage for bf16 operands (engine.attention.triton.common).
+    On a GPU: FP8 x FP8 on tensor cores where the GPU has them (compute
+    capability 8.9 and later), else in bf16 (e4m3 values are exact in it);
+    fp32 activations in full IEEE precision (not tf32); bf16/fp16 in their
+    own type with fp32 accumulation.
+    """
+    if interpreting() or (act_dtype == torch.float32 and kind != FP8):
+        return tl.float32, "ieee"
+    if kind == FP8:
+        if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
+            return tl.float8e4nv, "tf32"
+        return tl.bfloat16, "tf32"
+    return (tl.float16 if act_dtype == torch.float16 else tl.bfloat16), "tf32"
