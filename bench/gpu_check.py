@@ -19,6 +19,9 @@
    torch and timed against torch's dequantize-then-matmul and _scaled_mm.
    `--quant-only` runs this part alone; `--skip-quant` leaves it out.
 4. End-to-end decode tokens/s of mid-size random GLM-MoE and Kimi (MLA) models.
+5. Tensor parallelism (bench/gpu_check_tp.py): the same models with TP 1, 2, 4, 8
+   as far as the visible GPUs go (TP 1 only on one GPU): tokens against TP 1 and
+   decode tokens/s. `--skip-tp` leaves it out; it starts only within the budget.
 Prints a table last and writes JSON.
 """
 
@@ -325,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--skip-e2e", action="store_true", help="kernels only")
     parser.add_argument("--skip-quant", action="store_true", help="no quantized-weight kernels")
+    parser.add_argument("--skip-tp", action="store_true", help="no tensor-parallel section")
     parser.add_argument(
         "--quant-only", action="store_true", help="only the quantized-weight kernels (part 3)"
     )
@@ -384,6 +388,14 @@ def main(argv: list[str] | None = None) -> int:
         from bench.gpu_check_e2e import run_e2e
 
         result["e2e"] = run_e2e(cfg, device, started + args.budget_s, mode)
+    if device.type == "cuda" and not (args.skip_tp or args.quant_only):
+        if time.monotonic() - started < args.budget_s:
+            from bench.gpu_check_tp import run_tp
+
+            free_memory(device)
+            result["tp"] = run_tp(smoke=False)
+        else:
+            result["tp"] = [{"error": "skipped: time budget"}]
     result["elapsed_s"] = time.monotonic() - started
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(table(result))
