@@ -65,7 +65,7 @@ def dequantize_fp8_block(
     # its 2**-8 offset folds into the scale.
     values = fp8_bits_to_half(weight)
     scales = scale_inv.float() * HALF_TRICK_FACTOR
-    out = torch.empty(rows, cols, dtype=dtype)
+    out = torch.empty(rows, cols, dtype=dtype, device=weight.device)
     # One row of blocks at a time keeps the expanded scales to block_rows x cols.
     for index, start in enumerate(range(0, rows, block[0])):
         stop = min(start + block[0], rows)

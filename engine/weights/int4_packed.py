@@ -46,7 +46,7 @@ def pack_int4(values: torch.Tensor) -> torch.Tensor:
 
 def unpack_int4(packed: torch.Tensor, columns: int) -> torch.Tensor:
     """int32 [out, ceil(in/8)] -> signed int8 [out, columns]."""
-    shifts = torch.arange(VALUES_PER_INT32, dtype=torch.int32) * 4
+    shifts = torch.arange(VALUES_PER_INT32, dtype=torch.int32, device=packed.device) * 4
     nibbles = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & 0xF
     nibbles = nibbles.view(packed.shape[0], -1)[:, :columns]
     return (nibbles - OFFSET).to(torch.int8)
