@@ -4,7 +4,8 @@ All the work happens where the logits are (a GPU, or the CPU), batched over
 rows; only the chosen ids and the logprob values a request asked for cross to
 the host (`to_host`). Per step: grammar masks for constrained rows
 (engine.grammar.masks), then one argmax over the plain greedy rows; the other
-rows (sampled, or greedy with penalties) are gathered into one copy, penalised
+rows (sampled, or greedy with penalties) are gathered into one copy (on the CPU
+a few MB of rows at a time: CPU_CHUNK_BYTES), penalised
 (engine.sampling.penalties), and the sampled ones filtered with per-row
 temperature/top-k/top-p/min-p (engine.sampling.filters) and drawn by inverse
 CDF from one host uniform per row (engine.sampling.draw, which says how seeds
@@ -83,6 +84,21 @@ def token_logprob(logprobs: torch.Tensor, token: int, top_n: int) -> TokenLogpro
     return TokenLogprob(token_id=token, logprob=float(logprobs[token]), top=top)
 
 
+# On the CPU the rows that are not plain greedy go through in chunks of about
+# this many bytes of logits: a [64, 163840] float32 temporary (42 MB) is above
+# glibc's mmap threshold, so each of the several a step makes is mapped and
+# page-faulted afresh, and it does not stay in cache between passes. Chunking
+# changes no row's result: every step is row by row.
+CPU_CHUNK_BYTES = 4 << 20
+
+
+def _chunks(rows: list[int], logits: torch.Tensor) -> list[list[int]]:
+    if logits.device.type != "cpu":
+        return [rows] if rows else []
+    size = max(1, CPU_CHUNK_BYTES // (logits.shape[-1] * logits.element_size()))
+    return [rows[start : start + size] for start in range(0, len(rows), size)]
+
+
 def _put(dst: torch.Tensor, index: torch.Tensor | None, src: torch.Tensor) -> None:
     if index is None:
         dst.copy_(src)
@@ -124,8 +140,8 @@ class Sampler:
                 tokens = argmax_rows(logits)
             else:
                 tokens[index] = argmax_rows(logits[index])
-        if rest:
-            self._sample_rest(logits, seqs, rest, tokens)
+        for chunk in _chunks(rest, logits):
+            self._sample_rest(logits, seqs, chunk, tokens)
         with_logprobs = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
         chosen, infos = self._to_host_with_logprobs(logits, seqs, tokens, with_logprobs, unmasked)
         results: list[tuple[int, TokenLogprob | None]] = []
@@ -138,8 +154,8 @@ class Sampler:
     def _sample_rest(
         self, logits: torch.Tensor, seqs: list[Sequence], rest: list[int], tokens: torch.Tensor
     ) -> None:
-        """Tokens of the rows that are not plain greedy: one gathered copy of them,
-        penalised in place, then argmax (greedy with penalties) or a draw."""
+        """Tokens of `rest`, rows that are not plain greedy: one gathered copy of
+        them, penalised in place, then argmax (greedy with penalties) or a draw."""
         device = logits.device
         index = rows_index(rest, logits.shape[0], device)
         work = logits.clone() if index is None else logits[index]
@@ -156,7 +172,7 @@ class Sampler:
             params = [group[j].params for j in sampled]
             # The CPU looks for the top-p cut among candidates first; a GPU sorts
             # (fast there) rather than wait on the host to learn which rows need it.
-            candidates = TOP_P_CANDIDATES if device.type == "cpu" else None
+            candidates = TOP_P_CANDIDATES if device.type == "cpu" else ()
             probs = filtered_probs(work if inner is None else work[inner], params, candidates)
             u = uniforms([group[j].generator or self.generator for j in sampled])
             _put(local, inner, inverse_cdf(probs, u.to(device)))
@@ -174,19 +190,20 @@ class Sampler:
         one transfer of ids and one of values."""
         if not rows:
             return to_host(tokens), {}
-        device = logits.device
-        index = rows_index(rows, logits.shape[0], device)
-        own = logits if index is None else logits[index]
-        if unmasked:
-            # Constrained rows: their copies from before the grammar mask.
-            own = own.clone() if index is None else own
-            for j, i in enumerate(rows):
-                if i in unmasked:
-                    own[j] = unmasked[i]
         tops = [seqs[i].params.logprobs for i in rows]
-        chosen, values, ids = logprob_tensors(
-            own, tokens if index is None else tokens[index], max(tops)
-        )
+        parts = []
+        for chunk in _chunks(rows, logits):
+            index = rows_index(chunk, logits.shape[0], logits.device)
+            own = logits if index is None else logits[index]
+            if any(i in unmasked for i in chunk):
+                # Constrained rows: their copies from before the grammar mask.
+                own = own.clone() if index is None else own
+                for j, i in enumerate(chunk):
+                    if i in unmasked:
+                        own[j] = unmasked[i]
+            picked = tokens if index is None else tokens[index]
+            parts.append(logprob_tensors(own, picked, max(tops)))
+        chosen, values, ids = (torch.cat(column) for column in zip(*parts, strict=True))
         ints = to_host(torch.cat([tokens, ids.flatten()]))
         floats = to_host(torch.cat([chosen, values.flatten()]))
         count = len(seqs)

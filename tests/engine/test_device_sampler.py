@@ -105,10 +105,13 @@ def next_uniform(seq: Sequence, generator_copy: dict[str, torch.Generator]) -> f
 
 @pytest.mark.parametrize("vocab", [300, 2000])
 def test_mixed_batch_matches_reference_tokens_and_logprobs(vocab, monkeypatch):
-    # 2000 columns: top-p rows search 1024 candidates; 4 candidates: most widen to a sort.
-    for candidates in (filters.TOP_P_CANDIDATES, 4):
+    # 2000 columns: top-p rows search 1024 candidates; 4, then 16: rows widen, then
+    # sort. The second pass also takes the rows three at a time (CPU chunks).
+    for candidates, chunk in ((filters.TOP_P_CANDIDATES, None), ((4, 16), 3)):
         monkeypatch.setattr(sampler_module, "TOP_P_CANDIDATES", candidates)
-        logits_rng = torch.Generator().manual_seed(vocab + candidates)
+        if chunk:
+            monkeypatch.setattr(sampler_module, "CPU_CHUNK_BYTES", chunk * vocab * 4)
+        logits_rng = torch.Generator().manual_seed(vocab + candidates[0])
         seqs = [make_seq(i, p, vocab, seed=77 + i) for i, p in enumerate(MIXED)]
         twins = {s.request_id: torch.Generator().manual_seed(77 + i) for i, s in enumerate(seqs)}
         sampler = Sampler()
@@ -221,3 +224,38 @@ def test_token_logprobs_of_verify_rows_match_log_softmax():
         values, ids = reference[row].topk(2)
         assert list(entry.top) == ids.tolist()
         assert not math.isnan(entry.logprob)
+
+
+def test_constrained_rows_report_the_models_own_logprobs(monkeypatch):
+    """A grammar-masked row samples from its masked logits but reports logprobs of
+    the copy apply_grammar_masks kept from before the mask; each token advances
+    its grammar."""
+    import engine.grammar.masks as masks
+
+    class Grammar:
+        done = False
+
+        def __init__(self):
+            self.accepted = []
+
+        def accept(self, token):
+            self.accepted.append(token)
+
+    def fake_masks(logits, seqs):
+        raw = {0: logits[0].clone()}
+        logits[0, :40] = float("-inf")  # the grammar allows tokens 40.. only
+        return raw
+
+    monkeypatch.setattr(masks, "apply_grammar_masks", fake_masks)
+    logits = torch.randn(2, 50) * 3
+    logits[0, 0] = 20.0  # the model's favourite, which the grammar forbids
+    seqs = [
+        Sequence("g", [1], SamplingParams(temperature=0, logprobs=1), grammar=Grammar()),
+        Sequence("s", [1], SamplingParams(temperature=1.0, logprobs=1), grammar=Grammar()),
+    ]
+    (token, info), (other, _) = Sampler().sample(logits.clone(), seqs)
+    assert token == 40 + int(logits[0, 40:].argmax())
+    own = torch.log_softmax(logits[0], -1)
+    assert info.logprob == pytest.approx(float(own[token]), abs=1e-6)
+    assert info.top == {0: pytest.approx(float(own[0]), abs=1e-6)}
+    assert seqs[0].grammar.accepted == [token] and seqs[1].grammar.accepted == [other]

@@ -41,7 +41,7 @@ def test_top_k_one_is_greedy(llm):
 def test_filtered_probs_top_k_top_p_min_p():
     logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
 
-    def kept(params, candidates=None):
+    def kept(params, candidates=()):
         probs = filtered_probs(logits.clone().unsqueeze(0), [params], candidates)
         return probs[0].nonzero().flatten().tolist()
 
@@ -51,7 +51,7 @@ def test_filtered_probs_top_k_top_p_min_p():
     p = float(probs[0]) + 0.01
     assert kept(SamplingParams(top_p=p)) == [0, 1]
     # The same cut when the search starts among the 2 largest and must widen.
-    assert kept(SamplingParams(top_p=0.99), candidates=2) == kept(SamplingParams(top_p=0.99))
+    assert kept(SamplingParams(top_p=0.99), candidates=(2,)) == kept(SamplingParams(top_p=0.99))
     assert kept(SamplingParams(min_p=0.3)) == [0, 1]
 
 
