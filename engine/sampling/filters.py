@@ -17,11 +17,16 @@ import torch
 
 from engine.sampling_params import SamplingParams
 
-# Top-p on the CPU looks for its cut among the 1024 largest logits first, then
-# the 16,384 largest, and sorts only the rows whose nucleus is wider still: for a
-# 163,840-token row a full sort costs ~23 ms there, topk(1024) ~1.7 ms and
-# topk(16384) ~5 ms, and a language model's nucleus nearly always lies inside.
-TOP_P_CANDIDATES = (1024, 16384)
+# Top-p on the CPU looks for its cut among the 64 largest logits first, then the
+# 1024, then the 16,384 largest, and sorts only the rows whose nucleus is wider
+# still: for a 163,840-token row a full sort costs ~23 ms there, the 64 largest
+# ~0.14 ms (`largest`), topk(1024) ~1 ms and topk(16384) ~5 ms, and a language
+# model's nucleus nearly always lies inside the first.
+TOP_P_CANDIDATES = (64, 1024, 16384)
+
+# `largest` on the CPU: blocks of this many columns, used while k * BLOCK * 8
+# fits in the row (beyond that, gathering the blocks costs more than it saves).
+SELECT_BLOCK = 128
 
 
 def rows_index(rows: list[int], count: int, device: torch.device) -> torch.Tensor | None:
@@ -52,7 +57,7 @@ def filtered_probs(
         index = rows_index(k_rows, rows, device)
         chosen = logits if index is None else logits[index]
         ks = torch.tensor([params[j].top_k for j in k_rows], dtype=torch.long).to(device)
-        kth = chosen.topk(int(max(params[j].top_k for j in k_rows)), -1).values
+        kth = largest(chosen, int(max(params[j].top_k for j in k_rows)))[0]
         kth = kth.gather(1, (ks - 1).unsqueeze(1))
         _cut(logits, index, chosen, kth, float("-inf"))
     probs = logits.softmax(-1)
@@ -92,6 +97,26 @@ def _cut(
         logits[index] = chosen
 
 
+def largest(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x.topk(k, -1): each row's k largest values, descending, and their columns.
+
+    On the CPU, for k small against the row, by block maxima: the k largest
+    values lie in the k blocks with the largest maxima (a block holding one of
+    them but outside those k would leave k larger maxima in other blocks, so k
+    larger values), so topk runs over the maxima and then over k blocks. For k=20
+    of 163,840 columns that is 4x faster than torch.topk, which makes a pass with
+    a heap; a GPU's topk is a radix select and needs no help.
+    """
+    rows, vocab = x.shape
+    if x.device.type != "cpu" or vocab % SELECT_BLOCK or k * SELECT_BLOCK * 8 > vocab:
+        return x.topk(k, -1)
+    blocks = x.reshape(rows, vocab // SELECT_BLOCK, SELECT_BLOCK)
+    best = blocks.amax(-1).topk(k, -1).indices
+    picked = blocks.gather(1, best.unsqueeze(2).expand(rows, k, SELECT_BLOCK)).flatten(1)
+    values, where = picked.topk(k, -1)
+    return values, best.gather(1, where // SELECT_BLOCK) * SELECT_BLOCK + where % SELECT_BLOCK
+
+
 def top_p_threshold(
     logits: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor, candidates: tuple[int, ...]
 ) -> torch.Tensor:
@@ -107,7 +132,7 @@ def top_p_threshold(
     if width == vocab:
         values, order = logits.sort(-1, descending=True)
     else:
-        values, order = logits.topk(width, -1)
+        values, order = largest(logits, width)
     mass = probs.gather(1, order)
     before = mass.cumsum(-1) - mass
     drop = before > top_p.unsqueeze(1)

@@ -46,7 +46,8 @@ def reference_probs(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     probs = torch.where(keep, x, float("-inf")).softmax(-1)
     if params.top_p < 1:
         covered = 0.0
-        for token in sorted(range(vocab), key=lambda t: -float(x[t])):
+        values = x.tolist()
+        for token in sorted(range(vocab), key=lambda t: -values[t]):
             if covered > params.top_p:  # the tokens strictly before it cover top_p
                 keep[token] = False
             covered += float(probs[token])
@@ -103,10 +104,11 @@ def next_uniform(seq: Sequence, generator_copy: dict[str, torch.Generator]) -> f
     return float(torch.rand(1, generator=generator_copy[seq.request_id]))
 
 
-@pytest.mark.parametrize("vocab", [300, 2000])
+@pytest.mark.parametrize("vocab", [300, 4096])
 def test_mixed_batch_matches_reference_tokens_and_logprobs(vocab, monkeypatch):
-    # 2000 columns: top-p rows search 1024 candidates; 4, then 16: rows widen, then
-    # sort. The second pass also takes the rows three at a time (CPU chunks).
+    # 4096 columns: top-p rows search 64 candidates, then 1024, then sort; with 4
+    # (found by block maxima, filters.largest), then 16, rows widen, then sort. The
+    # second pass also takes the rows three at a time (CPU chunks).
     for candidates, chunk in ((filters.TOP_P_CANDIDATES, None), ((4, 16), 3)):
         monkeypatch.setattr(sampler_module, "TOP_P_CANDIDATES", candidates)
         if chunk:
@@ -211,6 +213,16 @@ def test_no_vocabulary_wide_copy_to_the_host(monkeypatch):
     sent.clear()
     Sampler().sample(torch.randn(len(seqs), vocab), seqs)
     assert sent == [len(seqs)] and wide == []
+
+
+@pytest.mark.parametrize("k", [1, 5, 16, 64, 300])
+def test_largest_is_topk(k):
+    # 65,536 columns: block maxima up to k=64, torch.topk above.
+    x = torch.randn(3, 65536, generator=torch.Generator().manual_seed(k))
+    x[1, ::7] = 2.5  # ties: the values still agree, and the columns hold them
+    values, columns = filters.largest(x, k)
+    assert torch.equal(values, x.topk(k, -1).values)
+    assert torch.equal(x.gather(1, columns), values)
 
 
 def test_token_logprobs_of_verify_rows_match_log_softmax():
