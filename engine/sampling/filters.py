@@ -7,8 +7,9 @@ The definitions (as this engine has always applied them, in this order):
 - top-p then sorts the surviving tokens by probability and drops a token when the
   tokens strictly before it already cover top_p;
 - min-p then drops a token whose probability is below min_p times the largest.
-Top-k and top-p each come down to a per-row threshold on the logits, so one
-comparison applies them; ties at the top-p cut are kept, as at the top-k cut.
+Top-k and top-p each come down to a per-row threshold on the logits; ties with
+the threshold are kept at both cuts, so which tokens survive never depends on
+how a sort orders equal logits (bf16 logits tie often).
 """
 
 from __future__ import annotations
@@ -67,9 +68,10 @@ def filtered_probs(
         chosen = logits if index is None else logits[index]
         chosen_probs = probs if index is None else probs[index]
         top_p = torch.tensor([params[j].top_p for j in p_rows], dtype=logits.dtype).to(device)
-        threshold = top_p_threshold(chosen, chosen_probs, top_p, candidates)
-        chosen_probs.masked_fill_(chosen < threshold.unsqueeze(1), 0.0)
-        if index is not None:
+        chosen_probs = top_p_probs(chosen, chosen_probs, top_p, candidates)
+        if index is None:
+            probs = chosen_probs
+        else:
             probs[index] = chosen_probs
     m_rows = [j for j, p in enumerate(params) if p.min_p > 0]
     if m_rows:
@@ -117,15 +119,18 @@ def largest(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values, best.gather(1, where // SELECT_BLOCK) * SELECT_BLOCK + where % SELECT_BLOCK
 
 
-def top_p_threshold(
+def top_p_probs(
     logits: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor, candidates: tuple[int, ...]
 ) -> torch.Tensor:
-    """Per row, the smallest logit top-p keeps: walking the tokens by falling
-    probability, the last one whose predecessors' mass is at most top_p.
+    """`probs` with top-p applied: walking the tokens by falling probability, the
+    last one kept is the last whose predecessors' mass is at most top_p; it and
+    every token with a logit at least its own (ties) keep their probability, the
+    rest become 0. A new tensor, built from the kept columns alone (zeros, then a
+    scatter: no comparison over the whole row).
 
     With `candidates`, the walk first covers only the largest candidates[0] logits;
-    the rows whose cut lies beyond them are walked again over the next width, and
-    at last over a full sort.
+    the rows whose cut may lie beyond them (their last candidate is kept) are
+    walked again over the next width, and at last over a full sort.
     """
     vocab = logits.shape[-1]
     width = min(candidates[0], vocab) if candidates else vocab
@@ -138,13 +143,16 @@ def top_p_threshold(
     drop = before > top_p.unsqueeze(1)
     # The first dropped position ends the kept prefix; none dropped keeps them all.
     kept = torch.where(drop.any(-1), drop.to(torch.uint8).argmax(-1), width)
-    threshold = values.gather(1, (kept - 1).unsqueeze(1)).squeeze(1)
+    threshold = values.gather(1, (kept - 1).unsqueeze(1))
+    keep = values >= threshold
+    filtered = torch.zeros_like(probs).scatter_(1, order, torch.where(keep, mass, 0.0))
     if width == vocab:
-        return threshold
-    # Undecided: every candidate kept while the candidates still carry mass (a row
-    # whose top-k cut left fewer tokens than `width` ends in -inf and is decided).
-    undecided = (kept == width) & (values[:, -1] > float("-inf"))
+        return filtered
+    # Undecided: the last candidate kept, so more tokens (or ties) may follow it,
+    # while the candidates still carry mass (a row whose top-k cut left fewer
+    # tokens than `width` ends in -inf and is decided).
+    undecided = keep[:, -1] & (values[:, -1] > float("-inf"))
     if bool(undecided.any()):
         wide = undecided.nonzero().squeeze(1)
-        threshold[wide] = top_p_threshold(logits[wide], probs[wide], top_p[wide], candidates[1:])
-    return threshold
+        filtered[wide] = top_p_probs(logits[wide], probs[wide], top_p[wide], candidates[1:])
+    return filtered

@@ -215,6 +215,23 @@ def test_no_vocabulary_wide_copy_to_the_host(monkeypatch):
     assert sent == [len(seqs)] and wide == []
 
 
+@pytest.mark.parametrize("candidates", [(), (2,), (2, 3)])
+def test_ties_at_the_cuts_are_kept_whatever_the_search_width(candidates):
+    """Equal logits (bf16 logits tie often) survive or fall together, so no sort
+    order decides which of them a row may draw."""
+    logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 2.0, 1.0, 0.0, -1.0]])
+
+    def kept(params):
+        probs = filters.filtered_probs(logits.clone(), [params], candidates)
+        return probs[0].nonzero().flatten().tolist()
+
+    probs = logits[0].softmax(-1)
+    # The cut lands on the second of the tied tokens: all four are kept.
+    assert kept(SamplingParams(top_p=float(probs[0] + probs[1]) + 0.01)) == [0, 1, 2, 3, 4]
+    assert kept(SamplingParams(top_p=float(probs[0]) - 0.01)) == [0]
+    assert kept(SamplingParams(top_k=2)) == [0, 1, 2, 3, 4]
+
+
 @pytest.mark.parametrize("k", [1, 5, 16, 64, 300])
 def test_largest_is_topk(k):
     # 65,536 columns: block maxima up to k=64, torch.topk above.
