@@ -66,17 +66,16 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], top_n: int) -> list[
     rows = logits[: len(tokens)]
     index = torch.tensor(tokens, dtype=torch.long).to(rows.device)
     chosen, values, ids = logprob_tensors(rows, index, top_n)
+    floats = to_host(torch.cat([chosen, values.flatten()]))
+    count = len(tokens)
     return _logprob_entries(
-        tokens,
-        to_host(chosen),
-        to_host(values.flatten()),
-        to_host(ids.flatten()),
-        [top_n] * len(tokens),
+        tokens, floats[:count], floats[count:], to_host(ids.flatten()), [top_n] * count
     )
 
 
 def token_logprob(logprobs: torch.Tensor, token: int, top_n: int) -> TokenLogprob:
-    """The entry for one row of log-probabilities (a caller that holds one row)."""
+    """The entry for one row of log-probabilities already computed (the per-row
+    form of token_logprobs, for callers that hold a single row)."""
     top: dict[int, float] = {}
     if top_n > 0:
         values, ids = torch.topk(logprobs, top_n)
