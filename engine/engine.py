@@ -25,7 +25,7 @@ from engine.kv.sizing import kv_bytes_per_token
 from engine.layers.linear_methods import describe_methods, model_weight_bytes
 from engine.model_stack import build_model_stack
 from engine.outputs import CompletionOutput, RequestOutput
-from engine.sampler import Sampler, token_logprob
+from engine.sampler import Sampler, token_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSequence, Scheduler
 from engine.sequence import Sequence, TokenLogprob
@@ -287,9 +287,10 @@ class LLMEngine:
         seq.num_computed_tokens += 1 + accepted
         self.scheduler.rollback(seq)
         self.speculator.verified(seq, len(draft), accepted)
-        logprobs = torch.log_softmax(raw.float().cpu(), -1) if top_n is not None else None
+        # On the logits' device: only the requested values cross to the host.
+        infos = token_logprobs(raw, tokens, top_n) if top_n is not None else None
         for row, token in enumerate(tokens):
-            info = token_logprob(logprobs[row], token, top_n) if logprobs is not None else None
+            info = infos[row] if infos is not None else None
             if seq.grammar is not None:
                 seq.grammar.accept(token)  # as the sampler does for a sampled token
             self._append_token(seq, token, info)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.sampler import filter_logits
+from engine.sampling.filters import filtered_probs
 from tests.engine.checkpoints import reference_logits
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
@@ -38,15 +38,21 @@ def test_top_k_one_is_greedy(llm):
     assert greedy == top1
 
 
-def test_filter_logits_top_k_top_p_min_p():
+def test_filtered_probs_top_k_top_p_min_p():
     logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
-    kept = lambda out: torch.isfinite(out).nonzero().flatten().tolist()  # noqa: E731
-    assert kept(filter_logits(logits, SamplingParams(top_k=2))) == [0, 1]
+
+    def kept(params, candidates=()):
+        probs = filtered_probs(logits.clone().unsqueeze(0), [params], candidates)
+        return probs[0].nonzero().flatten().tolist()
+
+    assert kept(SamplingParams(top_k=2)) == [0, 1]
     probs = logits.softmax(-1)
     # top_p just above the first token's mass keeps exactly two tokens.
     p = float(probs[0]) + 0.01
-    assert kept(filter_logits(logits, SamplingParams(top_p=p))) == [0, 1]
-    assert kept(filter_logits(logits, SamplingParams(min_p=0.3))) == [0, 1]
+    assert kept(SamplingParams(top_p=p)) == [0, 1]
+    # The same cut when the search starts among the 2 largest and must widen.
+    assert kept(SamplingParams(top_p=0.99), candidates=(2,)) == kept(SamplingParams(top_p=0.99))
+    assert kept(SamplingParams(min_p=0.3)) == [0, 1]
 
 
 def test_sampling_follows_distribution(llm):
