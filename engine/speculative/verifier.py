@@ -28,5 +28,6 @@ def accept_greedy(draft: list[int], targets: list[int]) -> list[int]:
 
 def greedy_targets(logits: torch.Tensor) -> list[int]:
     """The target's greedy token at each row, by the same argmax the sampler uses
-    (ties resolve the same way as in plain decoding)."""
-    return row_argmax(logits.float().cpu()).tolist()
+    (ties resolve the same way as in plain decoding). The argmax runs where the
+    logits are; only the ids cross to the host."""
+    return row_argmax(logits.float()).tolist()
