@@ -112,6 +112,20 @@ def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
                 param.data = param.data.to(dtype)
 
 
+def _use_fused_moe(model: torch.nn.Module) -> None:
+    """Stack each MoE block's experts for the fused Triton kernel where it can run."""
+    import importlib.util
+
+    from engine.layers.moe import SparseMoE
+
+    if importlib.util.find_spec("triton") is None:
+        return
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    fused = sum(block.use_fused_kernel() for block in blocks)
+    if blocks:
+        log.info("fused MoE kernel: %d of %d MoE blocks", fused, len(blocks))
+
+
 def load_model(
     model_dir: Path, dtype: torch.dtype, device: torch.device, keep_packed: bool = True
 ) -> tuple[torch.nn.Module, ModelConfig, tuple[torch.Tensor, torch.Tensor] | None]:
@@ -156,6 +170,8 @@ def load_model(
 
     model.load_weights(weights())
     model.to(device=device)
+    if device.type == "cuda":
+        _use_fused_moe(model)
     model.eval()
     scales = kv_scales_from_checkpoint(scale_tensors, cfg.num_layers)
     log.info("loaded %s (%s) from %d file(s)", cfg.architecture, model_dir, len(files))

@@ -87,9 +87,32 @@ class SparseMoE(nn.Module):
         self.local = [is_local_expert(e) for e in range(routing.num_experts)]
         self.shared_experts = shared_experts
 
+    fused = None  # the stacked experts for the fused GPU kernel (use_fused_kernel)
+
+    def use_fused_kernel(self) -> bool:
+        """Stack this rank's experts for the fused MoE kernel (GPU); False when they
+        cannot be (mixed methods, biases, FP8 slices without a block grid)."""
+        from engine.layers.fused_experts import stack_experts
+
+        local = [e for e, here in zip(self.experts, self.local, strict=True) if here]
+        self.fused = stack_experts(local) if local else None
+        if self.fused is None:
+            return False
+        # Global expert id -> index in the stack; -1 (another rank's) contributes nothing.
+        index = torch.full((len(self.local),), -1, dtype=torch.long)
+        index[torch.tensor(self.local)] = torch.arange(len(local))
+        self.local_index = index.to(self.gate.weight.device)
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = self.gate(x)
-        out = self.run_experts(x, weights, expert_ids)
+        if self.fused is not None and x.is_cuda:
+            from engine.gpu_kernels.fused_moe import fused_moe
+
+            local_ids = self.local_index[expert_ids]
+            out = fused_moe(x, local_ids, weights, self.fused)
+        else:
+            out = self.run_experts(x, weights, expert_ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return parallel.all_reduce(out)
