@@ -30,8 +30,9 @@ from engine.kv.pool import PagedKVPool
 from engine.kv.scales import apply_fixed_scales, read_scales_file, resolve_rotation
 from engine.kv.sizing import KVLayout, capacity_tokens, kv_bytes_per_token
 from engine.layers.batch_invariant import make_linear_layers_batch_invariant
-from engine.layers.cpu_fused import use_cpu_layer_kernels
+from engine.layers.cpu_decode_step import fused_decode_for
 from engine.layers.cpu_grid_weights import pack_grid_weights
+from engine.layers.layer_ops import CPU_LAYER_OPS
 from engine.loader import cast_parameters, load_model
 from engine.model_config import load_config
 from engine.runner import ModelRunner
@@ -79,15 +80,17 @@ def build_model_stack(config: EngineConfig, model_dir: Path, device: torch.devic
     dtype = resolve_dtype(config.dtype, model_cfg.torch_dtype_name, device)
     # CPU, BF16: load in float32 first, so that weights lying on a 4- or 8-bit grid
     # (a quantized checkpoint's, like the default model's) can be packed exactly
-    # before the cast (engine/layers/cpu_grid_weights.py). The packed products and
-    # the C layer kernels replace module forwards, which would skip the collectives
-    # a sharded layer runs, so with more than one rank the model stays in torch.
+    # before the cast (engine/layers/cpu_grid_weights.py). The C layer ops run at
+    # any rank count: they are operators the modules call, and the modules keep
+    # their all-reduces. Grid packing and the fused decode step stay with one rank:
+    # the fused step runs whole layers in C without the collectives, and packing
+    # has not been checked against sharded layers.
     cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16 and not config.deterministic
     packs = cpu_bf16 and ranks == 1
     if cpu_bf16 and ranks > 1 and parallel.tp_rank() == 0:
         log.info(
-            "tensor parallel: CPU packed grid weights and C layer kernels are off "
-            "(they replace module forwards, which would skip the collectives)"
+            "tensor parallel: CPU packed grid weights and the fused decode step are off "
+            "(the fused step would skip the collectives); the C layer ops stay on"
         )
     model, model_config, ckpt_scales = load_model(
         model_dir,
@@ -131,7 +134,8 @@ def build_model_stack(config: EngineConfig, model_dir: Path, device: torch.devic
     cpu_kernel = "none"
     if packs:
         cpu_kernel = _pack_and_cast(model, dtype, config.cpu_kernel)
-        _use_cpu_layer_kernels(model)
+    if cpu_bf16:
+        _use_cpu_layer_kernels(model, fuse_decode=ranks == 1)
     if config.deterministic:
         _enable_deterministic(model, model_config)
     pool = _build_pool(
@@ -203,12 +207,17 @@ def _pack_and_cast(model: torch.nn.Module, dtype: torch.dtype, wanted: str) -> s
     return cpu_kernel
 
 
-def _use_cpu_layer_kernels(model: torch.nn.Module) -> None:
-    """Norms, rotary, SwiGLU, rotations and whole decode steps in C where it runs
-    (engine/layers/cpu_fused.py); the model's torch code otherwise."""
+def _use_cpu_layer_kernels(model: torch.nn.Module, fuse_decode: bool) -> None:
+    """Norms, rotary, SwiGLU and K/V rotations through the C layer ops, and with
+    `fuse_decode` whole decode steps in one C call, where the kernels run; the
+    model's torch ops otherwise. Chosen here once: the modules call what they hold."""
     if cpu_kernels_unavailable():
         return
-    routed = use_cpu_layer_kernels(model)
+    routed = model.use_layer_ops(CPU_LAYER_OPS)
+    fused = fused_decode_for(model) if fuse_decode else None
+    if fused is not None:
+        model.model.decode_step = fused
+    routed["fused decode"] = int(fused is not None)
     log.info("CPU layer kernels: %s", ", ".join(f"{n} {k}" for k, n in routed.items()))
 
 

@@ -35,6 +35,8 @@ import functools
 
 import torch
 
+from engine.layers.layer_ops import TORCH_LAYER_OPS
+
 ROTATIONS = ("none", "hadamard")
 
 
@@ -64,6 +66,7 @@ class HadamardRotation:
     """The (block-diagonal) orthonormal Hadamard rotation of vectors of size `dim`."""
 
     kind = "hadamard"
+    ops = TORCH_LAYER_OPS
 
     def __init__(self, dim: int, batch_invariant: bool = False):
         self.dim = dim
@@ -81,24 +84,23 @@ class HadamardRotation:
         """The full [dim, dim] float32 matrix (block-diagonal when dim is not a power of two)."""
         return torch.block_diag(*[self._blocks] * (self.dim // self.block))
 
-    def _block_on(self, device: torch.device) -> torch.Tensor:
+    def block_on(self, device: torch.device) -> torch.Tensor:
+        """The [block, block] float32 Sylvester matrix on `device` (copied there once)."""
         block = self._on.get(device)
         if block is None:
             block = self._on[device] = self._blocks.to(device)
         return block
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
-        """x @ H over the last dim, computed in float32, returned in x's dtype (a new tensor)."""
+        """x @ H over the last dim, computed in float32, returned in x's dtype (a new tensor).
+
+        The product is the layer ops' (engine/layers/layer_ops.py: torch's, or the C
+        kernel's once the engine chooses it); deterministic mode's butterflies are here."""
         if x.shape[-1] != self.dim:
             raise ValueError(f"rotation of dim {self.dim} applied to shape {tuple(x.shape)}")
         if self.batch_invariant:
             return _butterflies(x.float(), self.block).to(x.dtype)
-        h = self._block_on(x.device)
-        if self.block == self.dim:
-            out = torch.matmul(x.float(), h)
-        else:
-            out = torch.matmul(x.float().unflatten(-1, (-1, self.block)), h).flatten(-2)
-        return out.to(x.dtype)
+        return self.ops.hadamard(x, self)
 
 
 def _butterflies(x: torch.Tensor, block: int) -> torch.Tensor:

@@ -1,12 +1,15 @@
 """All decoder layers of a decode step in one C call (engine/cpu_kernels/decode_layers.c).
 
-With the per-module CPU kernels (cpu_fused.py) a Llama-family decode step is
-a chain of C calls joined by Python: module calls, views, argument checks,
-ctypes conversions, about a quarter of a step at 16 rows of the default
-model. `FusedDecode` describes the model to C once (weight pointers, shapes)
-and hands each decode step to `decode_layers`, which runs the same kernels in
-the same order. Steps it does not cover (prefill, another attention backend,
-a pool still calibrating or observing) run the modules as before.
+With the C layer ops (engine/layers/layer_ops.py) and grid weights a
+Llama-family decode step is a chain of C calls joined by Python: module
+calls, views, argument checks, ctypes conversions, about a quarter of a step
+at 16 rows of the default model. `FusedDecode` describes the model to C once
+(weight pointers, shapes) and is the trunk's `decode_step`
+(engine/models/llama.py LlamaModel): the trunk hands it each step, and
+`decode_layers` runs the same kernels in the same order. Steps it does not
+cover (prefill, another attention backend, a pool still calibrating or
+observing) run the modules as before. It runs no collectives, so the engine
+sets it only with one tensor-parallel rank.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from engine.kv.rotation import HadamardRotation
 from engine.layers.cpu_grid_weights import GridWeight
 from engine.layers.linear_methods import grid_weight_of
 from engine.models.base import PreNormDecoderLayer
-from engine.models.llama import GatedMLP, GQAAttention
+from engine.models.llama import GatedMLP, GQAAttention, LlamaModel
 
 _PTR, _I64, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
@@ -202,3 +205,11 @@ class FusedDecode:
         if status != 0:
             raise MemoryError("decode_layers could not allocate its scratch buffers")
         return True
+
+
+def fused_decode_for(model: nn.Module) -> FusedDecode | None:
+    """The fused decode step for a model whose trunk is the Llama one, else None."""
+    trunk = getattr(model, "model", None)
+    if type(trunk) is not LlamaModel:
+        return None
+    return FusedDecode.build(list(trunk.layers))

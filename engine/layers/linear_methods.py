@@ -35,6 +35,11 @@ class DenseMethod:
     def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, layer.weight, layer.bias)
 
+    def logits(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """The output head's product; the model casts it to float32 after gathering
+        the vocabulary shards. A method that can write float32 directly does."""
+        return self.apply(layer, x)
+
     def weight_bytes(self, layer: nn.Linear) -> int:
         return layer.weight.numel() * layer.weight.element_size()
 
@@ -81,6 +86,17 @@ class GridMethod(DenseMethod):
         if layer.bias is not None:
             out = out + layer.bias
         return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
+
+    def logits(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """The int8 kernel writes float32 logits from its accumulators: no BF16
+        rounding of the logits and no copy to cast them back."""
+        from engine.layers.cpu_grid_weights import GridWeight
+
+        packed = self.packed
+        if not isinstance(packed, GridWeight) or x.dtype not in (torch.float32, torch.bfloat16):
+            return super().logits(layer, x)
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        return packed.matmul(flat, torch.float32).reshape(*x.shape[:-1], packed.rows)
 
     def weight_bytes(self, layer: nn.Linear) -> int:
         return self.packed.nbytes + super().weight_bytes(layer)

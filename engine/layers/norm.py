@@ -5,15 +5,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.layers.layer_ops import TORCH_LAYER_OPS
+
 
 class RMSNorm(nn.Module):
+    # The arithmetic: torch by default, the C kernels once the engine chooses them
+    # (engine/layers/layer_ops.py).
+    ops = TORCH_LAYER_OPS
+
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        input_dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(input_dtype)
+        return self.ops.rms_norm(x, self.weight, self.eps)

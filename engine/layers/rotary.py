@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from engine.errors import UnsupportedModelError
+from engine.layers.layer_ops import TORCH_LAYER_OPS
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, rope: dict[str, Any]) -> torch.Tensor:
@@ -65,7 +66,11 @@ class RotaryEmbedding(nn.Module):
 
     Every layer has an identical table; the rows for a step's positions are
     looked up once per step (in the step's cache) and reused by all layers.
+    The rotation itself is the layer ops' (engine/layers/layer_ops.py): torch by
+    default, the C kernel once the engine chooses it.
     """
+
+    ops = TORCH_LAYER_OPS
 
     def __init__(
         self,
@@ -90,18 +95,6 @@ class RotaryEmbedding(nn.Module):
             tuple(inv_freq.tolist()),
         )
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-        rot = x[..., : self.rotary_dim]
-        if self.interleaved:
-            first, second = rot[..., 0::2], rot[..., 1::2]
-        else:
-            half = self.rotary_dim // 2
-            first, second = rot[..., :half], rot[..., half:]
-        new_first = first * cos - second * sin
-        new_second = second * cos + first * sin
-        first.copy_(new_first)
-        second.copy_(new_second)
-
     def tables(self, positions: torch.Tensor, dtype: torch.dtype, step_cache: dict | None):
         """cos/sin for these positions in the activations' dtype, as transformers computes them."""
         key = ("rotary", self.signature, dtype)
@@ -119,8 +112,7 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, x: torch.Tensor, step_cache: dict | None = None
     ) -> None:
         """Rotate x [tokens, heads, head_dim] in place (q and k may be passed together)."""
-        cos, sin = self.tables(positions, x.dtype, step_cache)
-        self._rotate(x, cos, sin)
+        self.ops.rope_(x, positions, self, step_cache)
 
 
 def model_rotary(cfg, interleaved: bool, default_partial: float = 1.0) -> RotaryEmbedding:

@@ -13,6 +13,7 @@ from engine.distributed import parallel
 from engine.errors import CheckpointError
 from engine.kv.rotation import HadamardRotation
 from engine.kv.sizing import KVLayout
+from engine.layers.layer_ops import TORCH_LAYER_OPS
 from engine.layers.linear import ColumnParallelLinear, FusedLinear
 from engine.layers.moe import is_local_expert_tensor
 from engine.layers.norm import RMSNorm
@@ -54,7 +55,12 @@ class RotatedKVAttention:
 
 
 class PreNormDecoderLayer(nn.Module):
-    """The common decoder layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """The common decoder layer: x + attn(norm(x)), then x + mlp(norm(x)).
+
+    The first residual add and the norm after it are one layer op (the C kernel
+    does both in one pass; engine/layers/layer_ops.py)."""
+
+    ops = TORCH_LAYER_OPS
 
     def __init__(self, self_attn: nn.Module, mlp: nn.Module, hidden_size: int, eps: float):
         super().__init__()
@@ -66,8 +72,10 @@ class PreNormDecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attended = self.self_attn(positions, self.input_layernorm(x), ctx)
+        norm = self.post_attention_layernorm
+        x, normed = self.ops.add_rms_norm(attended, x, norm.weight, norm.eps)
+        return x + self.mlp(normed)
 
 
 class CausalLM(nn.Module):
@@ -123,8 +131,41 @@ class CausalLM(nn.Module):
         return "; ".join(sorted(described))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary float32 logits on every rank (gathered from the vocab shards)."""
-        return self.lm_head.gather(self.lm_head(hidden)).float()
+        """Full-vocabulary float32 logits on every rank (gathered from the vocab shards).
+
+        The head's linear method computes them (a CPU grid writes float32 straight
+        from its accumulators; engine/layers/linear_methods.py)."""
+        head = self.lm_head
+        return head.gather(head.method.logits(head, hidden)).float()
+
+    def use_layer_ops(self, ops) -> dict[str, int]:
+        """Compute norms, SwiGLU, rotary and the K/V rotations with `ops` (chosen once,
+        at load: engine/layers/layer_ops.py); returns how many of each now use it."""
+        from engine.layers.rotary import RotaryEmbedding
+        from engine.models.llama import GatedMLP
+
+        users = {
+            RMSNorm: "norm",
+            GatedMLP: "mlp",
+            PreNormDecoderLayer: "layer",
+            RotaryEmbedding: "rotary",
+        }
+        counts = dict.fromkeys([*users.values(), "rotation"], 0)
+        rotations: dict[int, HadamardRotation] = {}
+        for module in self.modules():
+            for kind, name in users.items():
+                if isinstance(module, kind):
+                    module.ops = ops
+                    counts[name] += 1
+            # GQA's run-time K/V rotation (not MLA's rope-key rotation, which stays torch);
+            # deterministic mode's butterflies do not use the ops.
+            rotation = getattr(module, "kv_rotation", None)
+            if isinstance(rotation, HadamardRotation) and not rotation.batch_invariant:
+                rotations[id(rotation)] = rotation
+        for rotation in rotations.values():
+            rotation.ops = ops
+            counts["rotation"] += 1
+        return counts
 
     def checkpoint_target(self, name: str) -> tuple[str, str | None]:
         """Map a checkpoint tensor name to (parameter name, shard or None)."""

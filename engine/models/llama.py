@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from engine.distributed import parallel
-from engine.layers.activation import silu_and_mul
+from engine.layers.layer_ops import TORCH_LAYER_OPS
 from engine.layers.linear import FusedLinear, RowParallelLinear, RowSlice
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, model_rotary
@@ -67,7 +67,10 @@ def gqa_qkv_proj(cfg: ModelConfig, bias: bool) -> tuple[FusedLinear, int, int]:
 
 class GatedMLP(nn.Module):
     """SwiGLU over this rank's slice of the intermediate dimension. `reduce`: sum the
-    partial outputs over the ranks here (a dense MLP); MoE experts leave it to the block."""
+    partial outputs over the ranks here (a dense MLP); MoE experts leave it to the block.
+    SwiGLU is a layer op (engine/layers/layer_ops.py: torch, or C once chosen)."""
+
+    ops = TORCH_LAYER_OPS
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False, reduce: bool = True):
         super().__init__()
@@ -77,7 +80,7 @@ class GatedMLP(nn.Module):
         self.reduce = reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        out = self.down_proj(self.ops.silu_mul(self.gate_up_proj(x)))
         return parallel.all_reduce(out) if self.reduce else out
 
 
@@ -93,6 +96,15 @@ def llama_decoder_layer(
 
 
 class LlamaModel(nn.Module):
+    """The trunk: embed, the decoder layers, the final norm.
+
+    `decode_step`, when the engine sets one at load (on CPU, FusedDecode:
+    engine/layers/cpu_decode_step.py), may run all the layers of a step in one
+    call; it declines the steps it does not cover, which run the layers here.
+    """
+
+    decode_step = None
+
     def __init__(self, cfg: ModelConfig, layer_factory):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
@@ -101,8 +113,9 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext):
         x = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            x = layer(positions, x, ctx)
+        if self.decode_step is None or not self.decode_step.run(x, positions, ctx):
+            for layer in self.layers:
+                x = layer(positions, x, ctx)
         return self.norm(x)
 
 

@@ -299,15 +299,16 @@ def test_fused_decode_steps_equal_the_per_module_path(kv):
         pytest.skip("default model not pulled: resident models pull")
     llm = LLM(str(default_model_dir()), kv_cache_dtype=kv, attention_backend="auto")
     trunk = llm.engine.model.model
-    assert trunk.fused_decode is not None
+    fused_step = trunk.decode_step
+    assert fused_step is not None
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
     prompts = ["The capital of France is", "def add(a, b):", "Once upon a time"]
     calls = []
-    run = trunk.fused_decode.run
-    trunk.fused_decode.run = lambda *a: calls.append(1) or run(*a)
+    run = fused_step.run
+    fused_step.run = lambda *a: calls.append(1) or run(*a)
     fused = llm.generate(prompts, params)
     assert sum(calls) and len(calls) >= 11
-    trunk.fused_decode.run = lambda *a: False
+    trunk.decode_step = None  # the layer loop, each module through the C layer ops
     llm.engine.prefix_cache.clear()  # recompute the prompts too
     plain = llm.generate(prompts, params)
     _assert_same_outputs(fused, plain)
@@ -316,9 +317,9 @@ def test_fused_decode_steps_equal_the_per_module_path(kv):
         pool = llm.engine.pool
         pool.set_scales(pool.k_scale * 1.5, pool.v_scale * 0.75, "test")
         llm.engine.prefix_cache.clear()
-        trunk.fused_decode.run = run
+        trunk.decode_step = fused_step
         fused = llm.generate(prompts, params)
-        trunk.fused_decode.run = lambda *a: False
+        trunk.decode_step = None
         llm.engine.prefix_cache.clear()
         _assert_same_outputs(fused, llm.generate(prompts, params))
 

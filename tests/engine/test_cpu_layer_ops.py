@@ -1,0 +1,178 @@
+"""The layer ops (engine/layers/layer_ops.py): the C ones against the torch reference, and
+how the engine chooses them (an object each module calls, never a replaced method)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.cpu_kernels import layer_ops as kernels
+from engine.cpu_kernels import library
+from engine.kv.rotation import HadamardRotation
+from engine.layers.layer_ops import CPU_LAYER_OPS, TORCH_LAYER_OPS
+from engine.layers.rotary import RotaryEmbedding, rope_inv_freq
+from engine.model_store import default_model_dir, is_complete
+from tests.engine.conftest import count_calls
+
+pytestmark = pytest.mark.skipif(
+    bool(library.unavailable()), reason=f"CPU kernels: {library.unavailable()}"
+)
+needs_default_model = pytest.mark.skipif(
+    not is_complete(default_model_dir()), reason="default model not pulled: resident models pull"
+)
+
+# The kernels round where torch does, but sum in float32 in another order (and
+# exp's last bit may differ): a BF16 result may land on the neighbouring BF16
+# value, one step of 2^-8 relative, twice where two roundings follow each other.
+BF16_STEPS = 2 * 2**-8
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    scale = want.float().abs().amax(-1, keepdim=True)
+    assert ((got.float() - want.float()).abs() <= BF16_STEPS * scale).all()
+
+
+def _rotary(rotary_dim: int, interleaved: bool) -> RotaryEmbedding:
+    inv_freq, _ = rope_inv_freq(rotary_dim, {"rope_theta": 10000.0})
+    return RotaryEmbedding(rotary_dim, 256, inv_freq, interleaved)
+
+
+def test_norms_and_swiglu_match_the_reference():
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(5, 576, generator=gen) * 3).bfloat16()
+    residual = torch.randn(5, 576, generator=gen).bfloat16()
+    weight = (torch.rand(576, generator=gen) + 0.5).bfloat16()
+    _close(CPU_LAYER_OPS.rms_norm(x, weight, 1e-5), TORCH_LAYER_OPS.rms_norm(x, weight, 1e-5))
+    before = residual.clone()
+    got = CPU_LAYER_OPS.add_rms_norm(x, residual, weight, 1e-5)
+    want = TORCH_LAYER_OPS.add_rms_norm(x, residual, weight, 1e-5)
+    assert torch.equal(residual, before)  # the layer's input is not written to
+    assert torch.equal(got[0], want[0])  # one BF16 addition, rounded once either way
+    _close(got[1], want[1])
+    gate_up = (torch.randn(7, 2 * 1536, generator=gen) * 4).bfloat16()
+    _close(CPU_LAYER_OPS.silu_mul(gate_up), TORCH_LAYER_OPS.silu_mul(gate_up))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("rotary_dim", [64, 32])
+def test_rotary_on_q_and_k_of_a_fused_qkv_matches_the_reference(interleaved, rotary_dim):
+    gen = torch.Generator().manual_seed(rotary_dim)
+    rotary = _rotary(rotary_dim, interleaved)
+    qkv = torch.randn(6, 9 + 2 * 3, 64, generator=gen).bfloat16()
+    positions = torch.tensor([0, 3, 17, 100, 4, 255])
+    got, want = qkv.clone(), qkv.clone()
+    CPU_LAYER_OPS.rope_(got[:, :12], positions, rotary, None)  # a view: rows strided
+    TORCH_LAYER_OPS.rope_(want[:, :12], positions, rotary, None)
+    _close(got, want)
+    assert torch.equal(got[:, 12:], qkv[:, 12:])  # v untouched
+
+
+@pytest.mark.parametrize("dim", [64, 96])  # one Sylvester block; three blocks of 32
+def test_hadamard_matches_the_reference(dim):
+    gen = torch.Generator().manual_seed(dim)
+    rotation = HadamardRotation(dim)
+    x = torch.randn(5, 4, dim, generator=gen).bfloat16()
+    got = CPU_LAYER_OPS.hadamard(x, rotation)
+    _close(got, TORCH_LAYER_OPS.hadamard(x, rotation))
+    assert not torch.equal(got, x)  # a new tensor; x as it was
+    rotation.ops = CPU_LAYER_OPS
+    assert torch.equal(rotation.rotate(x), got)
+
+
+def test_what_the_kernels_do_not_take_runs_the_reference_exactly():
+    """Other dtypes, and layouts the kernels do not read (MLA's q_rope: a slice of each
+    head), go to torch: the same bits as the torch ops."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 64, generator=gen)
+    weight = torch.rand(64, generator=gen)
+    assert torch.equal(
+        CPU_LAYER_OPS.rms_norm(x, weight, 1e-6), TORCH_LAYER_OPS.rms_norm(x, weight, 1e-6)
+    )
+    got = CPU_LAYER_OPS.add_rms_norm(x, x * 2, weight, 1e-6)
+    want = TORCH_LAYER_OPS.add_rms_norm(x, x * 2, weight, 1e-6)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert torch.equal(CPU_LAYER_OPS.silu_mul(x), TORCH_LAYER_OPS.silu_mul(x))
+    rotation = HadamardRotation(64)
+    assert torch.equal(CPU_LAYER_OPS.hadamard(x, rotation), TORCH_LAYER_OPS.hadamard(x, rotation))
+    rotary = _rotary(32, interleaved=True)
+    q = torch.randn(3, 4, 96, generator=gen).bfloat16()
+    positions = torch.tensor([1, 2, 3])
+    got, want = q.clone(), q.clone()
+    CPU_LAYER_OPS.rope_(got[..., 64:], positions, rotary, None)
+    TORCH_LAYER_OPS.rope_(want[..., 64:], positions, rotary, None)
+    assert torch.equal(got, want)
+
+
+def _replaced_methods(model) -> list[str]:
+    """Instance attributes that would shadow a class's forward, rotate or compute_logits."""
+    names = ("forward", "rotate", "compute_logits")
+    found = [f"{n or 'model'}.{k}" for n, m in model.named_modules() for k in names if k in vars(m)]
+    for n, m in model.named_modules():
+        rotation = getattr(m, "kv_rotation", None)
+        if rotation is not None and "rotate" in vars(rotation):
+            found.append(f"{n}.kv_rotation.rotate")
+    return found
+
+
+@needs_default_model
+def test_the_engine_chooses_objects_and_replaces_no_method():
+    from engine import LLM
+    from engine.layers.cpu_decode_step import FusedDecode
+    from engine.layers.linear_methods import GridMethod
+
+    llm = LLM(str(default_model_dir()), kv_cache_dtype="fp8_e4m3", kv_rotation="hadamard")
+    model = llm.engine.model
+    assert _replaced_methods(model) == []
+    layer = model.model.layers[0]
+    chosen = (layer, layer.mlp, layer.input_layernorm, layer.self_attn.rotary, model.model.norm)
+    assert all(m.ops is CPU_LAYER_OPS for m in chosen)
+    assert layer.self_attn.kv_rotation.ops is CPU_LAYER_OPS
+    assert isinstance(model.model.decode_step, FusedDecode)
+    assert isinstance(model.lm_head.method, GridMethod)  # float32 logits from the kernel
+    llm.generate(["The capital of France is"])  # running changes none of it
+    assert _replaced_methods(model) == []
+
+
+def test_deterministic_mode_keeps_the_torch_ops(tiny_llama_dir):
+    from engine import LLM
+
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", kv_cache_dtype="bf16", deterministic=True)
+    model = llm.engine.model
+    assert all(getattr(m, "ops", TORCH_LAYER_OPS) is TORCH_LAYER_OPS for m in model.modules())
+    assert model.model.decode_step is None
+    assert _replaced_methods(model) == []
+
+
+@needs_default_model
+def test_default_model_greedy_tokens_are_the_same_with_c_and_torch_ops(monkeypatch):
+    """torch's int4 kernel for the grid weights (exact) and torch attention, so the layer
+    ops are the only difference. Where a near-tie lets the kernels' last-bit differences
+    change a token ("def add(a, b):" at its 9th token, before this change too) the
+    prompt is left out."""
+    from engine import LLM, SamplingParams
+
+    calls = count_calls(monkeypatch, kernels, "rms_norm")
+    llm = LLM(
+        str(default_model_dir()),
+        dtype="bfloat16",
+        kv_cache_dtype="bf16",
+        cpu_kernel="bf16",
+        attention_backend="torch",
+    )
+    prompts = [
+        "The capital of France is",
+        "Once upon a time",
+        "What is the capital of France?",
+        "Write a Python function that reverses a string.",
+    ]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    with_c = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert len(calls) >= 23 * 61  # every norm of every step went through the kernel
+    counts = llm.engine.model.use_layer_ops(TORCH_LAYER_OPS)
+    assert counts == {"norm": 61, "mlp": 30, "layer": 30, "rotary": 1, "rotation": 0}
+    llm.engine.prefix_cache.clear()
+    calls.clear()
+    with_torch = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert not calls
+    assert with_c == with_torch
