@@ -18,10 +18,11 @@ process, `LLM(path, dtype="bfloat16", quantized_weights="packed")` and
   leaves the prefill out), the two loads taking turns run by run so a noisy
   neighbour's bursts fall on both alike. The ratio is what to read.
 
-It also measures the kernels' error on one product (Gaussian BF16 activations,
-[8, 1024] x [1024, 1024]) against the exact product in float64, beside the
-error of the dequantized BF16 weights that `quantized_weights="dequantized"`
-multiplies with, and whether greedy tokens of the two loads agree.
+It also measures the kernels alone on a [1024, 1024] weight: their error on
+one product (Gaussian BF16 activations, 8 rows) against the exact product in
+float64, beside the error of the dequantized BF16 weights that
+`quantized_weights="dequantized"` multiplies with, and their time against
+torch's BF16 product of the dequantized weight.
 
 Both loads are then compared with a float32 load (exact checkpoint weights,
 float32 KV cache), teacher-forced on text the float32 load samples, with the
@@ -277,6 +278,66 @@ def kernel_accuracy(rows: int = 8, cols: int = 1024, out: int = 1024) -> dict:
     return {"shape": [rows, cols, out], "int4_group32": int4, "fp8_block128": fp8}
 
 
+def _best_us(fn, calls: int = 20, rounds: int = 7) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return round(best, 1)
+
+
+def kernel_speed(cols: int = 1024, out: int = 1024, rows_list=(1, 2, 8, 32)) -> list[dict]:
+    """Microseconds per product: the packed kernels against torch's BF16 product of the
+    dequantized weight (and, for FP8, C dequantization then that product: the path
+    beyond FP8_KERNEL_ROWS), in one process, best of several batches of calls."""
+    from functools import partial
+
+    import torch.nn.functional as F
+
+    from engine.cpu_kernels.packed_matmul import (
+        fp8_block_dequantize,
+        fp8_block_matmul,
+        int4_matmul,
+        tile_rows,
+    )
+    from engine.layers.packed_methods import Fp8Piece
+    from engine.weights.fp8_block import quantize_fp8_block
+    from engine.weights.int4_packed import pack_int4
+
+    gen = torch.Generator().manual_seed(1)
+    values = torch.randint(-8, 8, (out, cols), generator=gen)
+    scales = (torch.rand(out, cols // 32, generator=gen) * 0.01 + 0.005).bfloat16()
+    int4_dense = (values.float() * scales.float().repeat_interleave(32, dim=1)).bfloat16()
+    words, tiled = tile_rows(pack_int4(values)), tile_rows(scales)
+    fp8, scale_inv = quantize_fp8_block(torch.randn(out, cols, generator=gen) * 0.02)
+    row_scales = Fp8Piece.from_checkpoint(fp8, scale_inv, (128, 128)).row_scales
+    fp8_dense = fp8_block_dequantize(fp8, row_scales, 0, 128, torch.bfloat16)
+
+    def fp8_then_torch(x):
+        return F.linear(x, fp8_block_dequantize(fp8, row_scales, 0, 128, torch.bfloat16))
+
+    results = []
+    for rows in rows_list:
+        x = torch.randn(rows, cols, generator=gen).bfloat16()
+        results.append(
+            {
+                "rows": rows,
+                "int4_int8_us": _best_us(partial(int4_matmul, x, words, tiled, 32)),
+                "int4_float_us": _best_us(
+                    partial(int4_matmul, x, words, tiled, 32, None, None, False)
+                ),
+                "int4_torch_bf16_us": _best_us(partial(F.linear, x, int4_dense)),
+                "fp8_kernel_us": _best_us(partial(fp8_block_matmul, x, fp8, row_scales, 0, 128)),
+                "fp8_c_dequantize_then_torch_us": _best_us(partial(fp8_then_torch, x)),
+                "fp8_torch_bf16_us": _best_us(partial(F.linear, x, fp8_dense)),
+            }
+        )
+    return results
+
+
 def run_case(family, quantization, folder, quick, batches, max_tokens, repeats) -> dict:
     path = make(family, quantization, folder, quick)
     sizes = checkpoint_bytes(path)
@@ -330,6 +391,7 @@ def main() -> None:
         "max_tokens": max_tokens,
         "repeats": repeats,
         "kernel_accuracy": kernel_accuracy(),
+        "kernel_speed": {"shape": [1024, 1024], "products": kernel_speed()},
         "cases": [],
     }
     with tempfile.TemporaryDirectory() as scratch:
