@@ -11,10 +11,13 @@
    16 bits, shift left by 7 and clear bit 14, which gives the float16 of
    value * 2**-8 exactly (subnormals included); vcvtph2ps widens it and the
    product with scale * 256 is the very float32 weight torch's
-   dequantization computes. Four weight rows share each load of x and four
-   rows of x each dequantized weight, with float32 accumulators in
+   dequantization computes. Two weight rows share each load of x and up to
+   eight rows of x each dequantized weight, with float32 accumulators in
    registers, so the result differs from dequantize-then-matmul only by
-   float32 summation order. BF16 x is widened to float32 once per call. */
+   float32 summation order. BF16 x is widened to float32 once per call.
+   (Eight rows use every register; with more, the weights are dequantized
+   once per eight, and Fp8BlockMethod prefers fp8_block_dequantize, below,
+   with torch's GEMM.) */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -48,8 +48,10 @@ static void prepare_int8_row(const void *x, int bf16, int64_t K, int8_t *xq, int
         const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
         const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv));
         const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
-        _mm_storeu_si128((__m128i *)(xq + 32 * g), _mm512_cvtsepi32_epi8(_mm512_permutex2var_epi32(qa, even, qb)));
-        _mm_storeu_si128((__m128i *)(xq + 32 * g + 16), _mm512_cvtsepi32_epi8(_mm512_permutex2var_epi32(qa, odd, qb)));
+        const __m512i q_even = _mm512_permutex2var_epi32(qa, even, qb);
+        const __m512i q_odd = _mm512_permutex2var_epi32(qa, odd, qb);
+        _mm_storeu_si128((__m128i *)(xq + 32 * g), _mm512_cvtsepi32_epi8(q_even));
+        _mm_storeu_si128((__m128i *)(xq + 32 * g + 16), _mm512_cvtsepi32_epi8(q_odd));
         seed[g] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
         dx[g] = m / 127.0f;
     }
