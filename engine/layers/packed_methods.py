@@ -20,10 +20,20 @@ layer's method copies it into the layer's packed parameters.
   slices must start and end on a group; the loader keeps a layer dense
   (dequantized) where they would not.
 
-On CPU the product dequantizes a chunk of rows at a time (at most
-`CHUNK_ROWS` x cols in the activation dtype live at once), so memory stays
-at the checkpoint's bytes; on a GPU the Triton kernels take the packed form
-(engine/gpu_kernels).
+Products, chosen per call in `apply`:
+- CPU, where the C kernels run (engine/cpu_kernels/packed_matmul.py): INT4
+  through `int4_matmul` (int8 activations per group of 32 with VNNI for BF16
+  activations, exact float32 weights for float32 ones), its layer's words
+  and scales repacked once at load into tiles of 16 rows (each 16-row block
+  transposed in place: the same bytes, `layer.int4_tiles`); FP8 through
+  `fp8_block_matmul` (weights dequantized 32 at a time in registers, float32
+  products) up to `FP8_KERNEL_ROWS` rows of activations, and beyond that by
+  chunks of rows dequantized in C and torch's GEMM, whose cost the many rows
+  share;
+- otherwise (no kernels, other dtypes or devices): a chunk of rows
+  dequantized in torch at a time (at most `CHUNK_ROWS` x cols in the
+  activation dtype live at once), so memory stays at the checkpoint's bytes.
+  On a GPU the Triton kernels take the packed form (engine/gpu_kernels).
 """
 
 from __future__ import annotations
@@ -34,11 +44,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.cpu_kernels import library as cpu_kernels
 from engine.kv.quant import FP8_DTYPE, HALF_TRICK_FACTOR, fp8_bits_to_half
 from engine.layers.linear_methods import DenseMethod
 from engine.weights.int4_packed import unpack_int4
 
 CHUNK_ROWS = 512
+# Up to this many activation rows the FP8 kernel multiplies directly; beyond, it
+# dequantizes each weight row once per chunk and torch's BF16/float32 GEMM
+# multiplies (measured crossover on AVX-512 VNNI/BF16 CPUs: 8 to 16 rows).
+FP8_KERNEL_ROWS = 8
+TILE_ROWS = 16  # the INT4 kernel's tile of output rows
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _cpu_kernel_input(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and not cpu_kernels.unavailable()
+
+
+def _rows_of(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] as a contiguous [M, K]."""
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def _float_bias(layer: nn.Module) -> torch.Tensor | None:
+    return None if layer.bias is None else layer.bias.float()
 
 
 @dataclass
@@ -168,6 +198,34 @@ class Fp8BlockMethod(PackedMethod):
         return (values.float() * scales).to(dtype)
 
     def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        # The CPU branch; a GPU branch goes beside it, for CUDA tensors.
+        if _cpu_kernel_input(x) and self.block[1] >= 32:
+            return self._apply_cpu_kernels(layer, x)
+        return self._apply_chunked(layer, x)
+
+    def _apply_cpu_kernels(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        from engine.cpu_kernels.packed_matmul import fp8_block_dequantize, fp8_block_matmul
+
+        flat = _rows_of(x)
+        weight, scales = layer.weight, layer.weight_scale_rows
+        if flat.shape[0] <= FP8_KERNEL_ROWS:
+            out = fp8_block_matmul(
+                flat, weight, scales, self.col_offset, self.block[1], _float_bias(layer)
+            )
+            return out.reshape(*x.shape[:-1], layer.out_features)
+        out = flat.new_empty(flat.shape[0], layer.out_features)
+        chunk = min(CHUNK_ROWS, layer.out_features)
+        buffer = torch.empty(chunk, layer.in_features, dtype=x.dtype)
+        for start in range(0, layer.out_features, chunk):
+            rows = slice(start, min(start + chunk, layer.out_features))
+            count = rows.stop - rows.start
+            dense = fp8_block_dequantize(
+                weight[rows], scales[rows], self.col_offset, self.block[1], x.dtype, buffer[:count]
+            )
+            out[:, rows] = F.linear(flat, dense)
+        return self._add_bias(layer, out.reshape(*x.shape[:-1], layer.out_features))
+
+    def _apply_chunked(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         out = x.new_empty(*x.shape[:-1], layer.out_features)
         for start in range(0, layer.out_features, CHUNK_ROWS):
             rows = slice(start, min(start + CHUNK_ROWS, layer.out_features))
@@ -179,16 +237,34 @@ class Fp8BlockMethod(PackedMethod):
 
 
 class Int4GroupMethod(PackedMethod):
+    """INT4 words and BF16 group scales as the checkpoint stores them.
+
+    On CPU, where the C kernels run and the rows split into tiles of 16 (every
+    fused shard included), `load_rows` writes each 16-row block of words and
+    scales transposed (engine/cpu_kernels/packed_matmul.py `tile_rows`) and
+    sets `layer.int4_tiles`: the same bytes, in the order `int4_matmul` reads.
+    `dequantize` reads either order. `cpu_activations` says how BF16
+    activations meet the weights: "int8" (per 32 values, VNNI; what the
+    engine's CPU grid weights use by default) or "float" (exact float32
+    weights times float32 activations); float32 activations always take
+    "float", so a float32 model computes what the dequantized one does."""
+
     name = "int4-group"
+    cpu_activations = "int8"
 
     def __init__(self, group: int):
         self.group = group
+        self.tileable = False
 
     def install(self, layer: nn.Linear) -> None:
         rows, cols = layer.out_features, layer.in_features
         _replace_parameter(layer, "weight", (0, cols), torch.bfloat16)  # no dense copy
         _replace_parameter(layer, "weight_packed", (rows, cols // 8), torch.int32)
         _replace_parameter(layer, "weight_scale", (rows, cols // self.group), torch.bfloat16)
+        # Pieces are copied one fused shard at a time: tiles must not straddle two.
+        bounds = [rows, *(b for pair in getattr(layer, "shard_offsets", {}).values() for b in pair)]
+        self.tileable = self.group % 32 == 0 and all(b % TILE_ROWS == 0 for b in bounds)
+        layer.int4_tiles = False
         layer.method = self
 
     def load_rows(self, layer: nn.Module, offset: int, piece) -> None:
@@ -197,16 +273,60 @@ class Int4GroupMethod(PackedMethod):
         if piece.cols != layer.in_features or piece.group != self.group:
             raise ValueError("INT4 piece does not match the layer's columns or group")
         rows = slice(offset, offset + piece.packed.shape[0])
+        packed, scales = piece.packed, piece.scales
+        if self.tileable and layer.weight_packed.device.type == "cpu":
+            layer.int4_tiles = not cpu_kernels.unavailable()
+        if layer.int4_tiles:
+            from engine.cpu_kernels.packed_matmul import tile_rows
+
+            packed, scales = tile_rows(packed), tile_rows(scales)
         with torch.no_grad():
-            layer.weight_packed[rows].copy_(piece.packed)
-            layer.weight_scale[rows].copy_(piece.scales)
+            layer.weight_packed[rows].copy_(packed)
+            layer.weight_scale[rows].copy_(scales)
+
+    def checkpoint_form(self, layer: nn.Module, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """(words, scales) of `rows` in the checkpoint's order, whichever order the layer keeps."""
+        packed, scales = layer.weight_packed, layer.weight_scale
+        if not getattr(layer, "int4_tiles", False):
+            return packed[rows], scales[rows]
+        from engine.cpu_kernels.packed_matmul import untile_rows
+
+        start, stop, _ = rows.indices(packed.shape[0])
+        first = start // TILE_ROWS * TILE_ROWS
+        last = -(-stop // TILE_ROWS) * TILE_ROWS
+        within = slice(start - first, stop - first)
+        return (
+            untile_rows(packed[first:last])[within],
+            untile_rows(scales[first:last])[within],
+        )
 
     def dequantize(self, layer: nn.Module, rows: slice, dtype: torch.dtype) -> torch.Tensor:
-        values = unpack_int4(layer.weight_packed[rows], layer.in_features).float()
-        scales = layer.weight_scale[rows].float().repeat_interleave(self.group, dim=1)
+        packed, scales = self.checkpoint_form(layer, rows)
+        values = unpack_int4(packed, layer.in_features).float()
+        scales = scales.float().repeat_interleave(self.group, dim=1)
         return (values * scales).to(dtype)
 
     def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        # The CPU branch; a GPU branch goes beside it, for CUDA tensors.
+        if getattr(layer, "int4_tiles", False) and _cpu_kernel_input(x):
+            return self._apply_cpu_kernel(layer, x)
+        return self._apply_chunked(layer, x)
+
+    def _apply_cpu_kernel(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        from engine.cpu_kernels.packed_matmul import int4_matmul
+
+        int8 = x.dtype == torch.bfloat16 and self.cpu_activations == "int8"
+        out = int4_matmul(
+            _rows_of(x),
+            layer.weight_packed,
+            layer.weight_scale,
+            self.group,
+            _float_bias(layer),
+            int8_activations=int8,
+        )
+        return out.reshape(*x.shape[:-1], layer.out_features)
+
+    def _apply_chunked(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         out = x.new_empty(*x.shape[:-1], layer.out_features)
         for start in range(0, layer.out_features, CHUNK_ROWS):
             rows = slice(start, min(start + CHUNK_ROWS, layer.out_features))
