@@ -44,8 +44,8 @@ def stack_experts(experts: list[nn.Module]):
         )
     if names == {"int4-group"}:
         groups = {layer.method.group for layer in layers}
-        if len(groups) != 1:
-            return None
+        if len(groups) != 1 or any(getattr(m, "int4_tiles", False) for m in layers):
+            return None  # CPU-tiled words are not the kernel's order (never so on a GPU)
         return Int4Experts(
             _stack_into_views([m.weight_packed for m in gate_up]),
             _stack_into_views([m.weight_scale for m in gate_up]),

@@ -38,6 +38,8 @@ Products, chosen per call in `apply`:
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +58,11 @@ CHUNK_ROWS = 512
 FP8_KERNEL_ROWS = 8
 TILE_ROWS = 16  # the INT4 kernel's tile of output rows
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@functools.cache
+def _triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
 
 
 def _cpu_kernel_input(x: torch.Tensor) -> bool:
@@ -198,10 +205,24 @@ class Fp8BlockMethod(PackedMethod):
         return (values.float() * scales).to(dtype)
 
     def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        # The CPU branch; a GPU branch goes beside it, for CUDA tensors.
+        if x.is_cuda and _triton_available():
+            grid = self._block_grid(layer)
+            if grid is not None:
+                from engine.layers.gpu_linear import fp8_linear
+
+                return fp8_linear(layer, x, grid, self.block)
         if _cpu_kernel_input(x) and self.block[1] >= 32:
             return self._apply_cpu_kernels(layer, x)
         return self._apply_chunked(layer, x)
+
+    def _block_grid(self, layer: nn.Linear):
+        """The [row blocks, column blocks] scales the GPU kernel reads, derived once
+        (None where the rows' scales do not form one: the chunked path then)."""
+        if not hasattr(self, "_grid"):
+            from engine.layers.gpu_linear import fp8_block_grid
+
+            self._grid = fp8_block_grid(layer, self.block, self.col_offset)
+        return self._grid
 
     def _apply_cpu_kernels(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         from engine.cpu_kernels.packed_matmul import fp8_block_dequantize, fp8_block_matmul
@@ -307,7 +328,10 @@ class Int4GroupMethod(PackedMethod):
         return (values * scales).to(dtype)
 
     def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        # The CPU branch; a GPU branch goes beside it, for CUDA tensors.
+        if x.is_cuda and _triton_available():  # CUDA layers keep the checkpoint's order
+            from engine.layers.gpu_linear import int4_linear
+
+            return int4_linear(layer, x, self.group)
         if getattr(layer, "int4_tiles", False) and _cpu_kernel_input(x):
             return self._apply_cpu_kernel(layer, x)
         return self._apply_chunked(layer, x)
