@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.layers.gpu_linear import fp8_block_grid
+from engine.layers.gpu_linear import block_grid_of_rows, fp8_block_grid
 
 
 def _stack_into_views(params: list[nn.Parameter]) -> torch.Tensor:
@@ -76,11 +76,7 @@ def stack_experts(experts: list[nn.Module]):
 
 def _half_grid(layer: nn.Module, start: int, block) -> torch.Tensor | None:
     """The block grid of the gate (start 0) or up half of a fused gate/up layer."""
-    inter = layer.out_features // 2
     if layer.method.col_offset:
         return None
-    rows = layer.weight_scale_rows[start : start + inter]
-    first = rows[:: block[0]]
-    if not torch.equal(first.repeat_interleave(block[0], dim=0)[:inter], rows):
-        return None
-    return first.contiguous()
+    inter = layer.out_features // 2
+    return block_grid_of_rows(layer.weight_scale_rows[start : start + inter], block[0])

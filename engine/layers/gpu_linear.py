@@ -35,10 +35,15 @@ def fp8_block_grid(layer: nn.Linear, block: tuple[int, int], col_offset: int):
     """[ceil(N/bn), ceil(K/bk)] block scales equal to the layer's row scales, or None."""
     if col_offset:
         return None
-    rows = layer.weight_scale_rows
-    first_rows = rows[:: block[0]]
-    expanded = first_rows.repeat_interleave(block[0], dim=0)[: rows.shape[0]]
-    if not torch.equal(expanded, rows):
+    return block_grid_of_rows(layer.weight_scale_rows, block[0])
+
+
+def block_grid_of_rows(row_scales: torch.Tensor, block_rows: int) -> torch.Tensor | None:
+    """The scales of each block of `block_rows` rows, when every row of a block has its
+    block's scales (rows that start on a block boundary); else None."""
+    first_rows = row_scales[::block_rows]
+    expanded = first_rows.repeat_interleave(block_rows, dim=0)[: row_scales.shape[0]]
+    if not torch.equal(expanded, row_scales):
         return None
     return first_rows.contiguous()
 

@@ -168,6 +168,15 @@ class PackedMethod(DenseMethod):
     def load_rows(self, layer: nn.Module, offset: int, piece) -> None:
         raise NotImplementedError
 
+    def _apply_chunked(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """Torch's path: dequantize CHUNK_ROWS rows at a time (the subclass's
+        `dequantize`), so at most that many dense rows live at once."""
+        out = x.new_empty(*x.shape[:-1], layer.out_features)
+        for start in range(0, layer.out_features, CHUNK_ROWS):
+            rows = slice(start, min(start + CHUNK_ROWS, layer.out_features))
+            out[..., rows] = F.linear(x, self.dequantize(layer, rows, x.dtype))
+        return self._add_bias(layer, out)
+
     def _add_bias(self, layer: nn.Module, out: torch.Tensor) -> torch.Tensor:
         return out if layer.bias is None else out + layer.bias.to(out.dtype)
 
@@ -245,13 +254,6 @@ class Fp8BlockMethod(PackedMethod):
             )
             out[:, rows] = F.linear(flat, dense)
         return self._add_bias(layer, out.reshape(*x.shape[:-1], layer.out_features))
-
-    def _apply_chunked(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        out = x.new_empty(*x.shape[:-1], layer.out_features)
-        for start in range(0, layer.out_features, CHUNK_ROWS):
-            rows = slice(start, min(start + CHUNK_ROWS, layer.out_features))
-            out[..., rows] = F.linear(x, self.dequantize(layer, rows, x.dtype))
-        return self._add_bias(layer, out)
 
     def weight_bytes(self, layer: nn.Linear) -> int:
         return layer.weight.numel() + layer.weight_scale_rows.numel() * 4
@@ -349,13 +351,6 @@ class Int4GroupMethod(PackedMethod):
             int8_activations=int8,
         )
         return out.reshape(*x.shape[:-1], layer.out_features)
-
-    def _apply_chunked(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        out = x.new_empty(*x.shape[:-1], layer.out_features)
-        for start in range(0, layer.out_features, CHUNK_ROWS):
-            rows = slice(start, min(start + CHUNK_ROWS, layer.out_features))
-            out[..., rows] = F.linear(x, self.dequantize(layer, rows, x.dtype))
-        return self._add_bias(layer, out)
 
     def weight_bytes(self, layer: nn.Linear) -> int:
         return layer.weight_packed.numel() * 4 + layer.weight_scale.numel() * 2
