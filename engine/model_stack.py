@@ -33,6 +33,7 @@ from engine.layers.batch_invariant import make_linear_layers_batch_invariant
 from engine.layers.cpu_decode_step import fused_decode_for
 from engine.layers.cpu_grid_weights import pack_grid_weights
 from engine.layers.layer_ops import CPU_LAYER_OPS
+from engine.layers.packed_methods import Int4GroupMethod
 from engine.loader import cast_parameters, load_model
 from engine.model_config import load_config
 from engine.runner import ModelRunner
@@ -132,8 +133,12 @@ def build_model_stack(config: EngineConfig, model_dir: Path, device: torch.devic
         kv_rotation_detail = model.enable_kv_rotation(config.deterministic)
         log.info("KV rotation: hadamard (%s)", kv_rotation_detail)
     cpu_kernel = "none"
-    if packs:
-        cpu_kernel = _pack_and_cast(model, dtype, config.cpu_kernel)
+    if cpu_bf16:
+        wanted = _resolve_cpu_kernel(config.cpu_kernel)
+        if packs:
+            cpu_kernel = _pack_and_cast(model, dtype, wanted)
+        if _choose_int4_activations(model, wanted):
+            cpu_kernel = wanted
     if cpu_bf16:
         _use_cpu_layer_kernels(model, fuse_decode=ranks == 1)
     if config.deterministic:
@@ -189,9 +194,8 @@ def _resolve_cpu_kernel(wanted: str) -> str:
     return "bf16"
 
 
-def _pack_and_cast(model: torch.nn.Module, dtype: torch.dtype, wanted: str) -> str:
+def _pack_and_cast(model: torch.nn.Module, dtype: torch.dtype, cpu_kernel: str) -> str:
     """Pack grid weights (exact), then cast the model to BF16; returns the kernel used."""
-    cpu_kernel = _resolve_cpu_kernel(wanted)
     report = pack_grid_weights(model, cpu_kernel)
     cast_parameters(model, dtype)
     log.info(
@@ -205,6 +209,19 @@ def _pack_and_cast(model: torch.nn.Module, dtype: torch.dtype, wanted: str) -> s
         report["dropped_bytes"] / GIB,
     )
     return cpu_kernel
+
+
+def _choose_int4_activations(model: torch.nn.Module, cpu_kernel: str) -> int:
+    """The same choice for a checkpoint's packed INT4 layers as for grid weights:
+    BF16 activations quantized to int8 per group (VNNI) or multiplied exactly in
+    float32 (`--cpu-kernel bf16`). Returns how many layers it set."""
+    count = 0
+    for module in model.modules():
+        method = getattr(module, "method", None)
+        if isinstance(method, Int4GroupMethod):
+            method.cpu_activations = "int8" if cpu_kernel == "int8" else "float"
+            count += 1
+    return count
 
 
 def _use_cpu_layer_kernels(model: torch.nn.Module, fuse_decode: bool) -> None:

@@ -30,18 +30,55 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return out[:count].reshape(*shape[:-1], weight.shape[0]).to(x.dtype)
 
 
+class BatchInvariantPacked:
+    """A checkpoint-precision (FP8 block, INT4 group) layer in deterministic mode.
+
+    Its kernels choose their path by the number of rows (the FP8 kernel up to a
+    few rows, dequantized chunks and torch's GEMM beyond), so a row's rounding
+    would depend on its batch. Here a fixed chunk of weight rows is dequantized
+    exactly (the packed method's own `dequantize`) and multiplied through the
+    same fixed tiles of activation rows as dense layers: each row meets the
+    same weights, in the same shapes, however many rows run with it. The
+    weights stay packed; the cost is dequantizing per call."""
+
+    def __init__(self, packed):
+        self.packed = packed
+        self.name = f"{packed.name}-tiled"
+
+    def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        from engine.layers.packed_methods import CHUNK_ROWS
+
+        out = x.new_empty(*x.shape[:-1], layer.out_features)
+        for start in range(0, layer.out_features, CHUNK_ROWS):
+            rows = slice(start, min(start + CHUNK_ROWS, layer.out_features))
+            weight = self.packed.dequantize(layer, rows, x.dtype)
+            bias = None if layer.bias is None else layer.bias[rows]
+            out[..., rows] = tiled_linear(x, weight, bias)
+        return out
+
+    def logits(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return self.apply(layer, x)
+
+    def weight_bytes(self, layer: nn.Linear) -> int:
+        return self.packed.weight_bytes(layer)
+
+
 def make_linear_layers_batch_invariant(model: nn.Module) -> int:
-    """Give every linear layer of `model` the tiled method; returns how many."""
+    """Give every linear layer of `model` a batch-invariant method; returns how many."""
     from engine.layers.linear_methods import DENSE, MethodLinear, TiledMethod
+    from engine.layers.packed_methods import is_packed_method
 
     count = 0
     for module in model.modules():
         if isinstance(module, MethodLinear):
-            if module.method is not DENSE:
+            if is_packed_method(module.method):
+                module.method = BatchInvariantPacked(module.method)
+            elif module.method is DENSE:
+                module.method = TiledMethod()
+            else:
                 raise ValueError(
                     f"{module.method.name} weights have no batch-invariant product; "
-                    "deterministic mode needs dense weights"
+                    "deterministic mode needs dense or checkpoint-packed weights"
                 )
-            module.method = TiledMethod()
             count += 1
     return count

@@ -137,3 +137,27 @@ def test_the_engine_serves_packed_as_it_serves_dequantized(tmp_path, family):
     packed_stats, dense_stats = runs["packed"][1], runs["dequantized"][1]
     assert packed_stats["linear_methods"]["int4-group"] == 16
     assert packed_stats["weight_bytes"] < dense_stats["weight_bytes"]
+
+
+def test_the_cpu_kernel_choice_reaches_packed_int4_layers(tmp_path):
+    """`--cpu-kernel bf16` multiplies BF16 activations exactly, as it does for grid
+    weights; the default quantizes them to int8 per group where the kernels run."""
+    from engine import LLM
+    from engine.cpu_kernels import library
+    from engine.layers.packed_methods import Int4GroupMethod
+
+    tiny = make_checkpoint("kimi_k2", tmp_path / "m", quantization="int4_experts")
+
+    def activations(llm):
+        return {
+            m.method.cpu_activations
+            for m in llm.engine.model.modules()
+            if isinstance(getattr(m, "method", None), Int4GroupMethod)
+        }
+
+    exact = LLM(str(tiny.path), dtype="bfloat16", kv_memory=0.01, cpu_kernel="bf16")
+    assert exact.engine.cpu_kernel == "bf16" and activations(exact) == {"float"}
+    default = LLM(str(tiny.path), dtype="bfloat16", kv_memory=0.01)
+    expected = "bf16" if library.unavailable() else "int8"
+    assert default.engine.cpu_kernel == expected
+    assert activations(default) == {"float" if expected == "bf16" else "int8"}
