@@ -230,7 +230,7 @@ def packed_breakdown(llm) -> dict:
     for module in llm.engine.model.modules():
         if isinstance(module, MethodLinear) and isinstance(module.method, Fp8BlockMethod):
             values += module.weight.numel()
-            scales += module.weight_scale_rows.numel() * 4
+            scales += module.weight_scale.numel() * 4
         elif isinstance(module, MethodLinear) and isinstance(module.method, Int4GroupMethod):
             values += module.weight_packed.numel() * 4
             scales += module.weight_scale.numel() * 2
@@ -241,7 +241,6 @@ def packed_breakdown(llm) -> dict:
 def kernel_accuracy(rows: int = 8, cols: int = 1024, out: int = 1024) -> dict:
     """Relative RMS error against float64 products of the exact weights (float32 outputs)."""
     from engine.cpu_kernels.packed_matmul import fp8_block_matmul, int4_matmul, tile_rows
-    from engine.layers.packed_methods import Fp8Piece
     from engine.weights.fp8_block import dequantize_fp8_block, quantize_fp8_block
     from engine.weights.int4_packed import pack_int4
 
@@ -268,11 +267,8 @@ def kernel_accuracy(rows: int = 8, cols: int = 1024, out: int = 1024) -> dict:
     fp8_values, scale_inv = quantize_fp8_block(torch.randn(out, cols, generator=gen) * 0.02)
     weight = dequantize_fp8_block(fp8_values, scale_inv, dtype=torch.float32).double()
     exact = x.double() @ weight.T
-    piece = Fp8Piece.from_checkpoint(fp8_values, scale_inv, (128, 128))
-    fp8 = {
-        "packed": error(
-            fp8_block_matmul(x, fp8_values, piece.row_scales, 0, 128, None, f32), exact
-        ),
+    fp8 = {  # the checkpoint's 128x128 grid, as the engine's aligned layers hold it
+        "packed": error(fp8_block_matmul(x, fp8_values, scale_inv, 0, 128, 128, None, f32), exact),
         "dequantized_bf16": error(bf16_weights(weight), exact),
     }
     return {"shape": [rows, cols, out], "int4_group32": int4, "fp8_block128": fp8}
@@ -303,7 +299,6 @@ def kernel_speed(cols: int = 1024, out: int = 1024, rows_list=(1, 2, 8, 32)) -> 
         int4_matmul,
         tile_rows,
     )
-    from engine.layers.packed_methods import Fp8Piece
     from engine.weights.fp8_block import quantize_fp8_block
     from engine.weights.int4_packed import pack_int4
 
@@ -313,11 +308,10 @@ def kernel_speed(cols: int = 1024, out: int = 1024, rows_list=(1, 2, 8, 32)) -> 
     int4_dense = (values.float() * scales.float().repeat_interleave(32, dim=1)).bfloat16()
     words, tiled = tile_rows(pack_int4(values)), tile_rows(scales)
     fp8, scale_inv = quantize_fp8_block(torch.randn(out, cols, generator=gen) * 0.02)
-    row_scales = Fp8Piece.from_checkpoint(fp8, scale_inv, (128, 128)).row_scales
-    fp8_dense = fp8_block_dequantize(fp8, row_scales, 0, 128, torch.bfloat16)
+    fp8_dense = fp8_block_dequantize(fp8, scale_inv, 0, 128, 128, torch.bfloat16)
 
     def fp8_then_torch(x):
-        return F.linear(x, fp8_block_dequantize(fp8, row_scales, 0, 128, torch.bfloat16))
+        return F.linear(x, fp8_block_dequantize(fp8, scale_inv, 0, 128, 128, torch.bfloat16))
 
     results = []
     for rows in rows_list:
@@ -330,7 +324,9 @@ def kernel_speed(cols: int = 1024, out: int = 1024, rows_list=(1, 2, 8, 32)) -> 
                     partial(int4_matmul, x, words, tiled, 32, None, None, False)
                 ),
                 "int4_torch_bf16_us": _best_us(partial(F.linear, x, int4_dense)),
-                "fp8_kernel_us": _best_us(partial(fp8_block_matmul, x, fp8, row_scales, 0, 128)),
+                "fp8_kernel_us": _best_us(
+                    partial(fp8_block_matmul, x, fp8, scale_inv, 0, 128, 128)
+                ),
                 "fp8_c_dequantize_then_torch_us": _best_us(partial(fp8_then_torch, x)),
                 "fp8_torch_bf16_us": _best_us(partial(F.linear, x, fp8_dense)),
             }

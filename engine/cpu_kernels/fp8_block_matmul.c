@@ -1,10 +1,14 @@
 /* Products with FP8 (e4m3) block-scaled weights as checkpoints store them: y = x @ W^T.
 
    The weight is DeepSeek-V3 / Kimi K2's form, read in place: e4m3 bytes
-   [N, K] and, per row, the float32 scales of the column blocks it crosses
-   [N, blocks] (Fp8BlockMethod expands the checkpoint's 128x128 grid along
-   rows); column 0 sits at `col_offset` inside its block of `block_cols`, so
-   a tensor-parallel slice that starts inside a block keeps its own scales.
+   [N, K] and a grid of float32 scales [ceil(N / scale_rows), blocks], one
+   row of column-block scales per `scale_rows` weight rows: row n reads
+   scale row n / scale_rows. Fp8BlockMethod passes the checkpoint's grid
+   (scale_rows = the block's rows, 128) or, for a layer whose rows do not
+   start on the checkpoint's blocks, one scale row per weight row
+   (scale_rows = 1). Column 0 sits at `col_offset` inside its block of
+   `block_cols`, so a tensor-parallel slice that starts inside a block keeps
+   its own scales.
 
    Each row is dequantized 32 values at a time, in registers, by the bit
    trick of engine/kv/quant.py `fp8_bits_to_half`: sign-extend the byte to
@@ -52,8 +56,9 @@ static inline void weights32(const uint8_t *src, int64_t n, const float *row_sca
     *w1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(half, 1)), s1);
 }
 
-static int valid_blocks(int64_t K, int64_t blocks, int64_t col_offset, int64_t block_cols) {
-    return block_cols >= 32 && col_offset >= 0 && col_offset < block_cols &&
+static int valid_blocks(int64_t K, int64_t blocks, int64_t col_offset, int64_t block_cols,
+                        int64_t scale_rows) {
+    return block_cols >= 32 && scale_rows >= 1 && col_offset >= 0 && col_offset < block_cols &&
            (col_offset + K - 1) / block_cols + 1 == blocks;
 }
 
@@ -72,10 +77,12 @@ static Chunk *make_chunks(int64_t K, int64_t blocks, int64_t col_offset, int64_t
     return chunks;
 }
 
-/* res[m * TILE + i] = weight row i (of `wrows` <= WROWS) times activation row m (of xrows). */
-static inline __attribute__((always_inline)) void pass_fp8(const uint8_t *w, const float *scales,
-                                                           int64_t blocks, const Chunk *chunks,
-                                                           int wrows, const float *x, int64_t K,
+/* res[m * TILE + i] = weight row i (of `wrows` <= WROWS; its scales at scales[i]) times
+   activation row m (of xrows). */
+static inline __attribute__((always_inline)) void pass_fp8(const uint8_t *w,
+                                                           const float *const *scales,
+                                                           const Chunk *chunks, int wrows,
+                                                           const float *x, int64_t K,
                                                            const int xrows, float *res) {
     __m512 acc[WROWS][XROWS];
     for (int i = 0; i < WROWS; i++)
@@ -85,7 +92,7 @@ static inline __attribute__((always_inline)) void pass_fp8(const uint8_t *w, con
         __m512 w0[WROWS], w1[WROWS];
         for (int i = 0; i < WROWS; i++) {
             if (i < wrows)
-                weights32(w + i * K + k, n, scales + i * blocks, chunks[k / 32], &w0[i], &w1[i]);
+                weights32(w + i * K + k, n, scales[i], chunks[k / 32], &w0[i], &w1[i]);
             else
                 w0[i] = w1[i] = _mm512_setzero_ps();
         }
@@ -103,10 +110,10 @@ static inline __attribute__((always_inline)) void pass_fp8(const uint8_t *w, con
         for (int m = 0; m < xrows; m++) res[m * TILE + i] = _mm512_reduce_add_ps(acc[i][m]);
 }
 
-static void block_fp8(const uint8_t *w, const float *scales, int64_t blocks, const Chunk *chunks,
+static void block_fp8(const uint8_t *w, const float *const *scales, const Chunk *chunks,
                       int wrows, const float *x, int64_t K, int xrows, float *res) {
     /* Constant row counts, so the accumulators live in registers. */
-#define CALL(n) pass_fp8(w, scales, blocks, chunks, wrows, x, K, n, res)
+#define CALL(n) pass_fp8(w, scales, chunks, wrows, x, K, n, res)
     switch (xrows) {
     case 1: CALL(1); break;
     case 2: CALL(2); break;
@@ -120,14 +127,15 @@ static void block_fp8(const uint8_t *w, const float *scales, int64_t blocks, con
 #undef CALL
 }
 
-/* out[M, N] = x[M, K] @ W^T (+ bias). x and out are float32 or bfloat16; row_scales
-   [N, blocks]. Returns 0, -1 when scratch memory cannot be had, -2 for a block
-   layout that does not cover K or blocks narrower than 32 columns. */
+/* out[M, N] = x[M, K] @ W^T (+ bias). x and out are float32 or bfloat16; scales
+   [ceil(N / scale_rows), blocks]. Returns 0, -1 when scratch memory cannot be had,
+   -2 for a block layout that does not cover K, blocks narrower than 32 columns or
+   scale_rows < 1. */
 int fp8_block_matmul(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *weight,
-                     const float *row_scales, int64_t blocks, int64_t col_offset,
-                     int64_t block_cols, int64_t N, const float *bias, void *out, int out_bf16,
-                     int threads) {
-    if (!valid_blocks(K, blocks, col_offset, block_cols)) return -2;
+                     const float *scales, int64_t blocks, int64_t col_offset,
+                     int64_t block_cols, int64_t scale_rows, int64_t N, const float *bias,
+                     void *out, int out_bf16, int threads) {
+    if (!valid_blocks(K, blocks, col_offset, block_cols, scale_rows)) return -2;
     const int64_t tiles = (N + TILE - 1) / TILE;
     Chunk *chunks = make_chunks(K, blocks, col_offset, block_cols);
     float *widened = x_bf16 ? malloc(sizeof(float) * (size_t)(M * K)) : 0;
@@ -158,9 +166,11 @@ int fp8_block_matmul(const void *x, int x_bf16, int64_t M, int64_t K, const uint
                 const int xrows = (int)(M - r0 < XROWS ? M - r0 : XROWS);
                 for (int64_t i = 0; i < count; i += WROWS) {
                     const uint8_t *w = weight + (n0 + i) * K;
-                    const float *sc = row_scales + (n0 + i) * blocks;
                     const int wrows = (int)(count - i < WROWS ? count - i : WROWS);
-                    block_fp8(w, sc, blocks, chunks, wrows, xf + r0 * K, K, xrows, res + i);
+                    const float *sc[WROWS];
+                    for (int j = 0; j < WROWS; j++)
+                        sc[j] = scales + (n0 + i + (j < wrows ? j : 0)) / scale_rows * blocks;
+                    block_fp8(w, sc, chunks, wrows, xf + r0 * K, K, xrows, res + i);
                 }
                 for (int r = 0; r < xrows; r++)
                     row16_store((char *)out + ((r0 + r) * N + n0) * out_elem,
@@ -176,10 +186,10 @@ int fp8_block_matmul(const void *x, int x_bf16, int64_t M, int64_t K, const uint
 /* out[rows, K] = the weights as float32 or bfloat16 (rounded once, to nearest even):
    torch's dequantization value for value, for the row chunks that long prompts
    multiply with torch's own GEMM. Returns 0, -1 without memory, -2 as above. */
-int fp8_block_dequantize(const uint8_t *weight, const float *row_scales, int64_t rows, int64_t K,
-                         int64_t blocks, int64_t col_offset, int64_t block_cols, void *out,
-                         int out_bf16, int threads) {
-    if (!valid_blocks(K, blocks, col_offset, block_cols)) return -2;
+int fp8_block_dequantize(const uint8_t *weight, const float *scales, int64_t rows, int64_t K,
+                         int64_t blocks, int64_t col_offset, int64_t block_cols,
+                         int64_t scale_rows, void *out, int out_bf16, int threads) {
+    if (!valid_blocks(K, blocks, col_offset, block_cols, scale_rows)) return -2;
     Chunk *chunks = make_chunks(K, blocks, col_offset, block_cols);
     if (!chunks) return -1;
     const int out_elem = out_bf16 ? 2 : 4;
@@ -188,7 +198,8 @@ int fp8_block_dequantize(const uint8_t *weight, const float *row_scales, int64_t
         char *dst = (char *)out + n * K * out_elem;
         for (int64_t k = 0; k < K; k += 32) {
             __m512 w0, w1;
-            weights32(weight + n * K + k, K - k, row_scales + n * blocks, chunks[k / 32], &w0, &w1);
+            weights32(weight + n * K + k, K - k, scales + n / scale_rows * blocks, chunks[k / 32],
+                      &w0, &w1);
             row16_store(dst + k * out_elem, w0, out_bf16, tail_mask(K - k));
             if (K - k > 16) row16_store(dst + (k + 16) * out_elem, w1, out_bf16, tail_mask(K - k - 16));
         }

@@ -48,13 +48,15 @@ _SIGNATURES = {
     "grid_matmul": [_PTR, _INT, _I64, _I64, _PTR, _PTR, _INT, _I64, _PTR, _PTR, _INT, _INT],
     # x, x_bf16, M, K, packed, scales, group, N, bias, out, out_bf16, int8, threads
     "int4_matmul": [_PTR, _INT, _I64, _I64, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _INT, _INT, _INT],
-    # x, x_bf16, M, K, weight, row_scales, blocks, col_offset, block_cols, N, bias, out,
-    # out_bf16, threads
+    # x, x_bf16, M, K, weight, scales, blocks, col_offset, block_cols, scale_rows, N, bias,
+    # out, out_bf16, threads
     "fp8_block_matmul": [
-        *(_PTR, _INT, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _INT, _INT)
+        *(_PTR, _INT, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR),
+        *(_INT, _INT),
     ],
-    # weight, row_scales, rows, K, blocks, col_offset, block_cols, out, out_bf16, threads
-    "fp8_block_dequantize": [_PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _INT, _INT],
+    # weight, scales, rows, K, blocks, col_offset, block_cols, scale_rows, out, out_bf16,
+    # threads
+    "fp8_block_dequantize": [_PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _PTR, _INT, _INT],
     # q, q_bf16, kv, kv_kind, slots, lens, B, L, Hq, Hkv, D, k_scale, v_scale,
     # softmax_scale, out, out_bf16, threads
     "paged_decode": [

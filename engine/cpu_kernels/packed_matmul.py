@@ -4,7 +4,7 @@
 words and BF16 group scales with each block of 16 rows transposed in place
 (`tile_rows`: the same bytes in the order the kernel reads, done once at
 load by Int4GroupMethod); `fp8_block_matmul` (fp8_block_matmul.c) reads
-e4m3 bytes and per-row block scales as Fp8BlockMethod holds them. Neither
+e4m3 bytes and the block grid of scales as Fp8BlockMethod holds them. Neither
 copies the weight: memory stays the checkpoint's bytes. Both take float32
 or BF16 activations [M, K] and write float32 or BF16.
 """
@@ -106,28 +106,43 @@ def int4_matmul(
     return out
 
 
+def _fp8_scales(
+    scales: torch.Tensor, rows: int, cols: int, col_offset: int, block_cols: int, scale_rows: int
+) -> tuple[torch.Tensor, int]:
+    """The scales checked against the weight's shape, contiguous, and their column blocks."""
+    if scale_rows < 1:
+        raise ValueError(f"scale_rows must be at least 1, got {scale_rows}")
+    blocks = (col_offset + cols - 1) // block_cols + 1
+    expected = (-(-rows // scale_rows), blocks)
+    if scales.dtype != torch.float32 or tuple(scales.shape) != expected:
+        raise ValueError(
+            f"scales must be float32 {list(expected)} (one row per {scale_rows} weight rows)"
+        )
+    return scales.contiguous(), blocks
+
+
 def fp8_block_matmul(
     x: torch.Tensor,
     weight: torch.Tensor,
-    row_scales: torch.Tensor,
+    scales: torch.Tensor,
     col_offset: int,
     block_cols: int,
+    scale_rows: int,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x [M, K] times the FP8 block-scaled weight [N, K]^T -> [M, N].
 
-    weight float8_e4m3fn [N, K]; row_scales float32 [N, blocks], the scales of
-    the `block_cols`-wide column blocks each row crosses, column 0 at
-    `col_offset` inside the first."""
+    weight float8_e4m3fn [N, K]; scales float32 [ceil(N / scale_rows), blocks]:
+    weight row n takes scale row n // scale_rows (the checkpoint's grid with
+    scale_rows = the block's rows; per-row scales with 1), which holds the
+    scales of the `block_cols`-wide column blocks, column 0 at `col_offset`
+    inside the first."""
     out_dtype = _check(x, out_dtype, "fp8_block_matmul")
     rows, cols = weight.shape
     if weight.dtype != torch.float8_e4m3fn or cols != x.shape[1] or not weight.is_contiguous():
         raise ValueError(f"weight must be contiguous float8_e4m3fn [N, {x.shape[1]}]")
-    blocks = (col_offset + cols - 1) // block_cols + 1
-    if row_scales.dtype != torch.float32 or row_scales.shape != (rows, blocks):
-        raise ValueError(f"row_scales must be float32 [{rows}, {blocks}]")
-    row_scales = row_scales.contiguous()
+    scales, blocks = _fp8_scales(scales, rows, cols, col_offset, block_cols, scale_rows)
     bias = _bias(bias, rows)
     out = torch.empty(x.shape[0], rows, dtype=out_dtype)
     if x.shape[0] == 0 or rows == 0:
@@ -138,10 +153,11 @@ def fp8_block_matmul(
         x.shape[0],
         cols,
         weight.data_ptr(),
-        row_scales.data_ptr(),
+        scales.data_ptr(),
         blocks,
         col_offset,
         block_cols,
+        scale_rows,
         rows,
         None if bias is None else bias.data_ptr(),
         out.data_ptr(),
@@ -157,34 +173,35 @@ def fp8_block_matmul(
 
 def fp8_block_dequantize(
     weight: torch.Tensor,
-    row_scales: torch.Tensor,
+    scales: torch.Tensor,
     col_offset: int,
     block_cols: int,
+    scale_rows: int,
     dtype: torch.dtype,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The FP8 weight's values times their block scales, in float32 or bf16 (into `out`
-    when given): Fp8BlockMethod.dequantize's values, computed in C."""
+    """The FP8 weight's values times their block scales (as `fp8_block_matmul` reads
+    them), in float32 or bf16 (into `out` when given): Fp8BlockMethod.dequantize's
+    values, computed in C."""
     if dtype not in FLOAT_DTYPES:
         raise ValueError("fp8_block_dequantize writes float32 or bfloat16")
     rows, cols = weight.shape
     if weight.dtype != torch.float8_e4m3fn or not weight.is_contiguous():
         raise ValueError("weight must be contiguous float8_e4m3fn")
-    blocks = (col_offset + cols - 1) // block_cols + 1
-    if row_scales.dtype != torch.float32 or row_scales.shape != (rows, blocks):
-        raise ValueError(f"row_scales must be float32 [{rows}, {blocks}]")
+    scales, blocks = _fp8_scales(scales, rows, cols, col_offset, block_cols, scale_rows)
     if out is None:
         out = torch.empty(rows, cols, dtype=dtype)
     elif out.shape != (rows, cols) or out.dtype != dtype or not out.is_contiguous():
         raise ValueError(f"out must be contiguous {dtype} [{rows}, {cols}]")
     status = library().fp8_block_dequantize(
         weight.data_ptr(),
-        row_scales.contiguous().data_ptr(),
+        scales.data_ptr(),
         rows,
         cols,
         blocks,
         col_offset,
         block_cols,
+        scale_rows,
         out.data_ptr(),
         int(dtype == torch.bfloat16),
         torch.get_num_threads(),

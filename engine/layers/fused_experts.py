@@ -8,7 +8,9 @@ loading and points each expert's parameters at its slice of the stack, so
 the weights are held once. All of a rank's experts must use the same method
 (dense, fp8-block or int4-group), as a checkpoint stores them; otherwise,
 or for FP8 slices without an exact block grid, the block keeps running its
-experts one by one.
+experts one by one. FP8 experts whose pieces start on the checkpoint's blocks
+hold their block grids, which are stacked the same way (views, held once);
+experts that fell back to per-row scales have each half's grid derived.
 """
 
 from __future__ import annotations
@@ -56,27 +58,35 @@ def stack_experts(experts: list[nn.Module]):
         )
     if names == {"fp8-block"}:
         block = gate_up[0].method.block
-        inter = down[0].in_features
-        w13_grids, w2_grids = [], []
-        for up_layer, down_layer in zip(gate_up, down, strict=True):
-            halves = [_half_grid(up_layer, rows, block) for rows in (0, inter)]
-            w2 = fp8_block_grid(down_layer, block, down_layer.method.col_offset)
-            if any(g is None for g in halves) or w2 is None:
-                return None
-            w13_grids.append(torch.cat(halves))
-            w2_grids.append(w2)
+        w13_grids = [_gate_up_grid(layer, block) for layer in gate_up]
+        w2_grids = [fp8_block_grid(layer) for layer in down]
+        if any(g is None for g in w13_grids + w2_grids):
+            return None
         return Fp8BlockExperts(
             _stack_into_views([m.weight for m in gate_up]),
-            torch.stack(w13_grids),
+            _stack_grids(gate_up, w13_grids),
             _stack_into_views([m.weight for m in down]),
-            torch.stack(w2_grids),
+            _stack_grids(down, w2_grids),
         )
     return None
 
 
-def _half_grid(layer: nn.Module, start: int, block) -> torch.Tensor | None:
-    """The block grid of the gate (start 0) or up half of a fused gate/up layer."""
-    if layer.method.col_offset:
+def _stack_grids(layers: list[nn.Module], grids: list[torch.Tensor]) -> torch.Tensor:
+    """The experts' block grids stacked: views of the stack where the grids are the
+    layers' own scales (held once), else a stack of the derived grids."""
+    if all(grid is layer.weight_scale for grid, layer in zip(grids, layers, strict=True)):
+        return _stack_into_views([layer.weight_scale for layer in layers])
+    return torch.stack(grids)
+
+
+def _gate_up_grid(layer: nn.Module, block) -> torch.Tensor | None:
+    """The fused gate/up layer's grid as the kernel reads it: the gate half's block
+    rows, then the up half's (the layer's own grid when the halves start on blocks)."""
+    method = layer.method
+    if method.col_offset:
         return None
     inter = layer.out_features // 2
-    return block_grid_of_rows(layer.weight_scale_rows[start : start + inter], block[0])
+    if method.scale_rows == block[0]:
+        return layer.weight_scale if inter % block[0] == 0 else None
+    halves = [block_grid_of_rows(layer.weight_scale[s : s + inter], block[0]) for s in (0, inter)]
+    return None if any(h is None for h in halves) else torch.cat(halves)

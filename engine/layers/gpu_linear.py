@@ -7,12 +7,13 @@ call these for CUDA activations:
   `weight_scale` directly (the checkpoint's layout, engine/gpu_kernels/w4a16.py).
 - FP8: `fp8_block_linear` quantizes the activations per token and group of
   128 (DeepSeek's recipe) and multiplies by the e4m3 weight with one scale per
-  128x128 block. The layer keeps each row's block scales (so any row slice
-  stays exact); the kernel wants the block grid, which those rows give back
-  exactly when every 128-row block has one scale and the columns start on a
-  block, as they do for the real checkpoints' layers and rank slices. The
-  grid is derived once per layer; a layer where it does not exist falls
-  back to dequantizing a chunk of rows at a time.
+  128x128 block. A layer whose pieces start on the checkpoint's blocks (the
+  real checkpoints' layers, and rank slices of whole blocks) holds that grid as
+  `weight_scale`, and it goes to the kernel as it is when the columns start
+  on a block too. A layer that fell back to one scale row per weight row
+  gives the grid back only where each block of rows shares one scale row
+  (derived once); otherwise, or with columns that start inside a block, the
+  layer dequantizes a chunk of rows at a time instead.
 """
 
 from __future__ import annotations
@@ -31,11 +32,15 @@ def int4_linear(layer: nn.Linear, x: torch.Tensor, group: int) -> torch.Tensor:
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def fp8_block_grid(layer: nn.Linear, block: tuple[int, int], col_offset: int):
-    """[ceil(N/bn), ceil(K/bk)] block scales equal to the layer's row scales, or None."""
-    if col_offset:
+def fp8_block_grid(layer: nn.Linear) -> torch.Tensor | None:
+    """The [ceil(N/bn), ceil(K/bk)] block scales of an Fp8BlockMethod layer, or None:
+    its own `weight_scale` in grid form, derived from per-row scales otherwise."""
+    method = layer.method
+    if method.col_offset:
         return None
-    return block_grid_of_rows(layer.weight_scale_rows, block[0])
+    if method.scale_rows == method.block[0]:
+        return layer.weight_scale
+    return block_grid_of_rows(layer.weight_scale, method.block[0])
 
 
 def block_grid_of_rows(row_scales: torch.Tensor, block_rows: int) -> torch.Tensor | None:

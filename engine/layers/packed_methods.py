@@ -7,13 +7,18 @@ DeepSeek/Kimi K2's FP8 layers 2x). The loader hands such a layer a
 tensor-parallel slices and the fused q/k/v and gate/up shards), and the
 layer's method copies it into the layer's packed parameters.
 
-- FP8: `weight` holds the e4m3 values [rows, cols]; `weight_scale_rows`
-  float32 [rows, column blocks] holds, for every row, the scales of the
-  128-column blocks it crosses. The checkpoint's [row blocks, column blocks]
-  grid is expanded along rows (4 bytes per 128 weights: +3% over the
-  values) so any slice of rows, including fused shards and tensor-parallel
-  pieces that start inside a block, keeps exactly its own scales;
-  `col_offset` says where the first column sits in its block.
+- FP8: `weight` holds the e4m3 values [rows, cols]; `weight_scale` float32
+  holds the checkpoint's block grid of scales, one row of column-block
+  scales per `scale_rows` weight rows: the block's rows (128) where every
+  piece the layer was loaded from starts on a row block of its checkpoint
+  tensor and at a layer row that is a multiple of the block (4 bytes per
+  128x128 weights, the checkpoint's own: every layer of the real
+  checkpoints at TP 1, and their rank slices while those are whole blocks,
+  e.g. Kimi K2 / DeepSeek-V3 experts of 2048 rows up to TP 16, GLM-4.5's of
+  1536 up to TP 4), else 1, every row with its own block scales (+3% over
+  the values, but exact for any slice of rows, such as fused shards or rank
+  slices that start inside a block). `col_offset` says where the first
+  column sits in its block.
 - INT4: `weight_packed` int32 [rows, cols/8] (eight values per word, value + 8,
   low nibble first) and `weight_scale` bf16 [rows, cols/group], exactly as
   Kimi stores them (compressed-tensors pack-quantized, symmetric). Column
@@ -80,39 +85,39 @@ def _float_bias(layer: nn.Module) -> torch.Tensor | None:
 
 @dataclass
 class Fp8Piece:
-    """Rows and columns of an FP8 block-scaled weight, with each row's block scales."""
+    """Rows and columns of an FP8 block-scaled weight, with the part of the checkpoint's
+    block grid of scales they cross."""
 
     values: torch.Tensor  # float8_e4m3fn [rows, cols]
-    row_scales: torch.Tensor  # float32 [rows, column blocks crossed]
-    col_offset: int  # position of column 0 inside its block
-    block_cols: int
+    scales: torch.Tensor  # float32 [row blocks crossed, column blocks crossed]
+    row_offset: int  # position of row 0 inside its block of rows
+    col_offset: int  # position of column 0 inside its block of columns
+    block: tuple[int, int]  # (rows, cols) of a block
 
     @staticmethod
     def from_checkpoint(weight: torch.Tensor, scale_inv: torch.Tensor, block) -> Fp8Piece:
-        rows = weight.shape[0]
-        row_scales = scale_inv.float().repeat_interleave(block[0], dim=0)[:rows]
-        return Fp8Piece(weight, row_scales.contiguous(), 0, block[1])
+        return Fp8Piece(weight, scale_inv.float(), 0, 0, (int(block[0]), int(block[1])))
 
     @property
     def shape(self) -> torch.Size:
         return self.values.shape
 
+    def row_scales(self) -> torch.Tensor:
+        """float32 [rows, column blocks crossed]: each row's block scales."""
+        rows = self.values.shape[0]
+        expanded = self.scales.repeat_interleave(self.block[0], dim=0)
+        return expanded[self.row_offset : self.row_offset + rows].contiguous()
+
     def narrow(self, dim: int, start: int, length: int) -> Fp8Piece:
-        if dim == 0:
-            return Fp8Piece(
-                self.values.narrow(0, start, length),
-                self.row_scales.narrow(0, start, length),
-                self.col_offset,
-                self.block_cols,
-            )
-        first = (self.col_offset + start) // self.block_cols
-        last = (self.col_offset + start + length - 1) // self.block_cols
-        return Fp8Piece(
-            self.values.narrow(1, start, length),
-            self.row_scales[:, first : last + 1],
-            (self.col_offset + start) % self.block_cols,
-            self.block_cols,
-        )
+        offset = self.row_offset if dim == 0 else self.col_offset
+        size = self.block[dim]
+        first = (offset + start) // size
+        last = (offset + start + length - 1) // size
+        values = self.values.narrow(dim, start, length)
+        scales = self.scales[first : last + 1] if dim == 0 else self.scales[:, first : last + 1]
+        offsets = [self.row_offset, self.col_offset]
+        offsets[dim] = (offset + start) % size
+        return Fp8Piece(values, scales, *offsets, self.block)
 
 
 @dataclass
@@ -182,17 +187,31 @@ class PackedMethod(DenseMethod):
 
 
 class Fp8BlockMethod(PackedMethod):
+    """The checkpoint's e4m3 values and block grid of scales (one method per layer).
+
+    Where the grid's rows sit is decided as the pieces arrive, not at install:
+    `install` allocates the grid (`scale_rows` = the block's rows), and the first
+    piece that does not fit it (one that starts inside a row block of its
+    checkpoint tensor, or at a layer row off the block) switches this layer to
+    one scale row per weight row, expanding what was loaded already. The layer
+    knows its own shards and rank slice, but not where each tensor it is handed
+    starts (GLM's concatenated gate_up is cut at each shard's full size, a
+    model may narrow a tensor itself); the piece knows, so whatever path loads
+    it, the layer stays exact, and aligned layers never hold more than the grid."""
+
     name = "fp8-block"
 
     def __init__(self, block: tuple[int, int], col_start: int):
         self.block = block
         self.col_offset = col_start % block[1]
+        self.scale_rows = block[0]
 
     def install(self, layer: nn.Linear) -> None:
         cols = layer.in_features
         blocks = (self.col_offset + cols - 1) // self.block[1] + 1
+        grid_rows = -(-layer.out_features // self.scale_rows)
         _replace_parameter(layer, "weight", (layer.out_features, cols), FP8_DTYPE)
-        _replace_parameter(layer, "weight_scale_rows", (layer.out_features, blocks), torch.float32)
+        _replace_parameter(layer, "weight_scale", (grid_rows, blocks), torch.float32)
         layer.method = self
 
     def load_rows(self, layer: nn.Module, offset: int, piece) -> None:
@@ -200,15 +219,40 @@ class Fp8BlockMethod(PackedMethod):
             raise ValueError(f"an FP8 block layer was given {type(piece).__name__}")
         if piece.col_offset != self.col_offset or piece.values.shape[1] != layer.in_features:
             raise ValueError("FP8 block piece does not match the layer's columns")
-        rows = slice(offset, offset + piece.values.shape[0])
+        if tuple(piece.block) != tuple(self.block):
+            raise ValueError(f"FP8 piece in blocks of {piece.block}, the layer's are {self.block}")
+        count = piece.values.shape[0]
+        fits = piece.row_offset == 0 and offset % self.scale_rows == 0
+        if self.scale_rows > 1 and not fits:
+            self._hold_row_scales(layer)
         with torch.no_grad():
-            layer.weight[rows].copy_(piece.values)
-            layer.weight_scale_rows[rows].copy_(piece.row_scales)
+            layer.weight[offset : offset + count].copy_(piece.values)
+            if self.scale_rows == 1:
+                layer.weight_scale[offset : offset + count].copy_(piece.row_scales())
+            else:
+                first = offset // self.scale_rows
+                layer.weight_scale[first : first + piece.scales.shape[0]].copy_(piece.scales)
+
+    def _hold_row_scales(self, layer: nn.Module) -> None:
+        """One scale row per weight row from now on; rows loaded so far keep their scales."""
+        rows = self.row_scales(layer, 0, layer.out_features)
+        layer.weight_scale = nn.Parameter(rows.clone(), requires_grad=False)
+        self.scale_rows = 1
+
+    def row_scales(self, layer: nn.Module, start: int, stop: int) -> torch.Tensor:
+        """float32 [stop - start, column blocks]: the scales of each of these rows."""
+        grid, every = layer.weight_scale, self.scale_rows
+        if every == 1:
+            return grid[start:stop]
+        first = start // every
+        expanded = grid[first : -(-stop // every)].repeat_interleave(every, dim=0)
+        return expanded[start - first * every : stop - first * every]
 
     def dequantize(self, layer: nn.Module, rows: slice, dtype: torch.dtype) -> torch.Tensor:
-        values = fp8_bits_to_half(layer.weight[rows])  # exact, value * 2**-8
+        start, stop, _ = rows.indices(layer.out_features)
+        values = fp8_bits_to_half(layer.weight[start:stop])  # exact, value * 2**-8
         cols = layer.in_features
-        scales = (layer.weight_scale_rows[rows] * HALF_TRICK_FACTOR).repeat_interleave(
+        scales = (self.row_scales(layer, start, stop) * HALF_TRICK_FACTOR).repeat_interleave(
             self.block[1], dim=1
         )[:, self.col_offset : self.col_offset + cols]
         return (values.float() * scales).to(dtype)
@@ -225,38 +269,41 @@ class Fp8BlockMethod(PackedMethod):
         return self._apply_chunked(layer, x)
 
     def _block_grid(self, layer: nn.Linear):
-        """The [row blocks, column blocks] scales the GPU kernel reads, derived once
-        (None where the rows' scales do not form one: the chunked path then)."""
-        if not hasattr(self, "_grid"):
-            from engine.layers.gpu_linear import fp8_block_grid
+        """The [row blocks, column blocks] scales the GPU kernel reads (None where the
+        layer has none: the chunked path then). Per-row scales' grid is derived once."""
+        from engine.layers.gpu_linear import fp8_block_grid
 
-            self._grid = fp8_block_grid(layer, self.block, self.col_offset)
+        if self.scale_rows > 1:
+            return fp8_block_grid(layer)
+        if not hasattr(self, "_grid"):
+            self._grid = fp8_block_grid(layer)
         return self._grid
 
     def _apply_cpu_kernels(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         from engine.cpu_kernels.packed_matmul import fp8_block_dequantize, fp8_block_matmul
 
         flat = _rows_of(x)
-        weight, scales = layer.weight, layer.weight_scale_rows
+        weight, scales, every = layer.weight, layer.weight_scale, self.scale_rows
+        layout = self.col_offset, self.block[1], every
         if flat.shape[0] <= FP8_KERNEL_ROWS:
-            out = fp8_block_matmul(
-                flat, weight, scales, self.col_offset, self.block[1], _float_bias(layer)
-            )
+            out = fp8_block_matmul(flat, weight, scales, *layout, _float_bias(layer))
             return out.reshape(*x.shape[:-1], layer.out_features)
         out = flat.new_empty(flat.shape[0], layer.out_features)
-        chunk = min(CHUNK_ROWS, layer.out_features)
+        # Chunks of whole scale rows, so each starts on a row of the grid.
+        chunk = min(max(CHUNK_ROWS // every, 1) * every, layer.out_features)
         buffer = torch.empty(chunk, layer.in_features, dtype=x.dtype)
         for start in range(0, layer.out_features, chunk):
             rows = slice(start, min(start + chunk, layer.out_features))
             count = rows.stop - rows.start
+            grid_rows = slice(start // every, -(-rows.stop // every))
             dense = fp8_block_dequantize(
-                weight[rows], scales[rows], self.col_offset, self.block[1], x.dtype, buffer[:count]
+                weight[rows], scales[grid_rows], *layout, x.dtype, buffer[:count]
             )
             out[:, rows] = F.linear(flat, dense)
         return self._add_bias(layer, out.reshape(*x.shape[:-1], layer.out_features))
 
     def weight_bytes(self, layer: nn.Linear) -> int:
-        return layer.weight.numel() + layer.weight_scale_rows.numel() * 4
+        return layer.weight.numel() + layer.weight_scale.numel() * 4
 
 
 class Int4GroupMethod(PackedMethod):

@@ -123,50 +123,86 @@ def test_int4_matmul_refuses_what_it_cannot_read():
     assert int4_matmul(torch.empty(0, 96), packed, scales, 32).shape == (0, 16)
 
 
-def fp8_piece(rows, cols, row_start, col_start, gen):
-    """A slice of an FP8 block-scaled weight starting inside a 128x128 block."""
+def fp8_piece(rows, cols, row_start, col_start, gen, scale_rows=1):
+    """A slice of an FP8 block-scaled weight starting inside a 128x128 block: (values,
+    scales with one row per `scale_rows` weight rows, col_offset, the dequantized weight).
+    scale_rows 128 is the checkpoint's grid (rows that start on a block)."""
     weight = torch.randn(row_start + rows, col_start + cols, generator=gen)
     values, scale_inv = quantize_fp8_block(weight)
     piece = Fp8Piece.from_checkpoint(values, scale_inv, (128, 128))
     piece = piece.narrow(0, row_start, rows).narrow(1, col_start, cols)
-    values, scales = piece.values.contiguous(), piece.row_scales.contiguous()
+    values, row_scales = piece.values.contiguous(), piece.row_scales()
+    if scale_rows == 1:
+        scales = row_scales
+    else:
+        assert scale_rows == 128 and piece.row_offset == 0
+        scales = piece.scales.contiguous()
     # Fp8BlockMethod.dequantize's arithmetic: the float16 of value / 256, times scale * 256.
-    expanded = (scales * 256).repeat_interleave(128, dim=1)[:, piece.col_offset :][:, :cols]
+    expanded = (row_scales * 256).repeat_interleave(128, dim=1)[:, piece.col_offset :][:, :cols]
     return values, scales, piece.col_offset, fp8_bits_to_half(values).float() * expanded
 
 
 @pytest.mark.parametrize(
-    "rows, cols, row_start, col_start",
-    [(16, 128, 0, 0), (40, 260, 100, 70), (45, 500, 3, 17), (7, 40, 0, 112)],
+    "rows, cols, row_start, col_start, scale_rows",
+    [
+        (16, 128, 0, 0, 128),
+        (300, 200, 0, 0, 128),  # three blocks of rows, the last partial
+        (7, 40, 0, 112, 128),
+        (16, 128, 0, 0, 1),
+        (40, 260, 100, 70, 1),
+        (45, 500, 3, 17, 1),
+    ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp8_block_matmul_is_the_dequantized_weight_in_float32(
-    rows, cols, row_start, col_start, dtype
+    rows, cols, row_start, col_start, scale_rows, dtype
 ):
     gen = torch.Generator().manual_seed(rows + cols)
-    values, scales, offset, weight = fp8_piece(rows, cols, row_start, col_start, gen)
+    values, scales, offset, weight = fp8_piece(rows, cols, row_start, col_start, gen, scale_rows)
     bias = torch.randn(rows, generator=gen)
     for m in (1, 3, 8, 9):
         x = torch.randn(m, cols, generator=gen).to(dtype)
-        got = fp8_block_matmul(x, values, scales, offset, 128, bias, torch.float32)
+        got = fp8_block_matmul(x, values, scales, offset, 128, scale_rows, bias, torch.float32)
         want = x.double() @ weight.double().T + bias.double()
         tol = bound(x, weight, cols + 1) + gamma(1) * bias.double().abs()
         assert ((got.double() - want).abs() <= tol).all()
     with pytest.raises(ValueError, match="refused"):  # blocks narrower than a chunk of 32
-        fp8_block_matmul(x, values, torch.ones(rows, (cols - 1) // 16 + 1), 0, 16)
+        fp8_block_matmul(x, values, torch.ones(rows, (cols - 1) // 16 + 1), 0, 16, 1)
+    with pytest.raises(ValueError, match="one row per 2 weight rows"):
+        fp8_block_matmul(x, values, scales, offset, 128, 2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp8_block_dequantize_is_torch_dequantization_bit_for_bit(dtype):
     gen = torch.Generator().manual_seed(5)
     values, scales, offset, weight = fp8_piece(33, 300, 5, 90, gen)
-    assert torch.equal(fp8_block_dequantize(values, scales, offset, 128, dtype), weight.to(dtype))
+    assert torch.equal(
+        fp8_block_dequantize(values, scales, offset, 128, 1, dtype), weight.to(dtype)
+    )
+    values, scales, offset, weight = fp8_piece(200, 300, 0, 90, gen, scale_rows=128)
+    assert torch.equal(
+        fp8_block_dequantize(values, scales, offset, 128, 128, dtype), weight.to(dtype)
+    )
     # every e4m3 byte but the two NaNs (0x7F, 0xFF), subnormals included, one per row
     codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
     every = codes.view(torch.float8_e4m3fn).reshape(-1, 1).expand(-1, 64).contiguous()
     ones = torch.ones(every.shape[0], 1)  # scale 1: the plain values
-    got = fp8_block_dequantize(every, ones, 0, 128, torch.float32)
+    got = fp8_block_dequantize(every, ones, 0, 128, 1, torch.float32)
     assert torch.equal(got, every.float())
+
+
+def test_fp8_kernels_read_scale_row_n_over_scale_rows():
+    """Any rows per scale row, odd ones included (two weight rows of a pass then read
+    different scale rows)."""
+    gen = torch.Generator().manual_seed(6)
+    values = (torch.randn(11, 96, generator=gen) * 50).to(torch.float8_e4m3fn)
+    grid = torch.rand(4, 1, generator=gen) + 0.5  # ceil(11 / 3) rows of scales
+    weight = values.float() * grid.repeat_interleave(3, dim=0)[:11]
+    dense = fp8_block_dequantize(values, grid, 0, 128, 3, torch.float32)
+    assert torch.equal(dense, weight)
+    x = torch.randn(2, 96, generator=gen)
+    got = fp8_block_matmul(x, values, grid, 0, 128, 3, None, torch.float32)
+    assert ((got.double() - x.double() @ weight.double().T).abs() <= bound(x, weight, 96)).all()
 
 
 def packed_layer(method, rows: int, cols: int, layer=None) -> MethodLinear:
@@ -228,9 +264,10 @@ def test_fp8_layers_take_the_kernel_for_short_inputs_and_c_dequantization_for_lo
     import engine.cpu_kernels.packed_matmul as kernels
 
     gen = torch.Generator().manual_seed(9)
-    values, scales, _, weight = fp8_piece(48, 200, 0, 0, gen)
+    values, scales, _, weight = fp8_piece(48, 200, 0, 0, gen, scale_rows=128)
     layer = packed_layer(Fp8BlockMethod((128, 128), 0), 48, 200)
-    layer.method.load_rows(layer, 0, Fp8Piece(values, scales, 0, 128))
+    layer.method.load_rows(layer, 0, Fp8Piece(values, scales, 0, 0, (128, 128)))
+    assert layer.method.scale_rows == 128 and layer.weight_scale.shape == (1, 2)
     used = []
     for name in ("fp8_block_matmul", "fp8_block_dequantize"):
         original = getattr(kernels, name)

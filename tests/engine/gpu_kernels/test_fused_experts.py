@@ -29,6 +29,10 @@ def checkpoints(tmp_path_factory):
         "dense": make_checkpoint("glm4_moe", root / "dense").path,
         "int4": make_checkpoint("glm4_moe", root / "int4", quantization="int4_experts").path,
         "fp8": make_checkpoint("glm4_moe", root / "fp8", quantization="fp8_block").path,
+        # Experts of intermediate 128: gate and up each start on a 128-row block.
+        "fp8_aligned": make_checkpoint(
+            "glm4_moe", root / "fp8a", quantization="fp8_block", moe_intermediate_size=128
+        ).path,
     }
 
 
@@ -55,10 +59,18 @@ def test_stacked_experts_compute_what_the_loop_computes(checkpoints, kind, exper
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_fp8_experts_stack_with_their_block_grids(checkpoints, seed):
-    model, _, _ = load_model(checkpoints["fp8"], torch.float32, torch.device("cpu"))
+@pytest.mark.parametrize("kind", ["fp8", "fp8_aligned"])
+def test_fp8_experts_stack_with_their_block_grids(checkpoints, kind, seed):
+    model, _, _ = load_model(checkpoints[kind], torch.float32, torch.device("cpu"))
     moe = model.model.layers[1].mlp
     assert moe.use_fused_kernel()
+    gate_up = moe.experts[0].gate_up_proj
+    if kind == "fp8_aligned":  # the layers' own grids, stacked as views (held once)
+        assert gate_up.method.scale_rows == 128 and gate_up.weight_scale.shape == (2, 1)
+        assert gate_up.weight_scale.data_ptr() == moe.fused.w13_scale_inv.data_ptr()
+    else:  # gate and up of 32 rows each: per-row scales, each half's grid derived
+        assert gate_up.method.scale_rows == 1
+        assert moe.fused.w13_scale_inv.shape == (8, 2, 1)
     x = torch.randn(6, 64)
     weights, ids = moe.gate(x)
     want = moe.run_experts(x, weights, ids)

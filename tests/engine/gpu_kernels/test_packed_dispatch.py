@@ -43,13 +43,13 @@ def test_int4_layers_run_the_w4a16_kernel_on_their_own_words(seed, monkeypatch):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
-def test_fp8_layers_give_back_their_block_grid_and_run_the_block_kernel(seed):
+def test_fp8_layers_hold_their_block_grid_and_run_the_block_kernel(seed):
     weight = torch.randn(200, 256)
     values, scale_inv = quantize_fp8_block(weight)
     method = Fp8BlockMethod((128, 128), 0)
     layer = _layer(method, 256, 200, Fp8Piece.from_checkpoint(values, scale_inv, (128, 128)))
-    grid = fp8_block_grid(layer, method.block, method.col_offset)
-    assert torch.equal(grid, scale_inv)
+    grid = fp8_block_grid(layer)
+    assert grid is layer.weight_scale and torch.equal(grid, scale_inv)  # held, not derived
     x = torch.randn(3, 256)
     want = torch.nn.functional.linear(
         x, method.dequantize(layer, slice(0, 200), x.dtype), layer.bias
@@ -68,4 +68,5 @@ def test_rows_that_start_inside_a_block_have_no_grid():
     piece = Fp8Piece.from_checkpoint(values, scale_inv, (128, 128)).narrow(0, 64, 128)
     method = Fp8BlockMethod((128, 128), 0)
     layer = _layer(method, 128, 128, piece)
-    assert fp8_block_grid(layer, method.block, 0) is None  # rows 64..191 cross two scales
+    assert method.scale_rows == 1  # per-row scales
+    assert fp8_block_grid(layer) is None  # rows 64..191 cross two scales
