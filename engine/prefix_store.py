@@ -228,14 +228,23 @@ class PrefixStore:
         skipped, and pages it lost leave a gap nothing may follow (then nothing is placed)."""
         if plan is None or not records:
             return 0
-        engine, pool, ps = self.engine, self.engine.pool, self.page_size
-        tokens, salt = plan.tokens, plan.salt
-        have = engine.prefix_cache.match(tokens + [0], salt, record=False).pages
+        engine, pool = self.engine, self.engine.pool
+        have = engine.prefix_cache.match(plan.tokens + [0], plan.salt, record=False).pages
         if len(have) < plan.start:
             return 0
         if plan.scales is not None and pool.calibrated_layers != 0:
             if scales_state(pool)[0] != plan.scales_digest:
                 return 0  # the pool took other scales meanwhile: these bytes mean nothing
+        for page in have:  # making room must not evict the prefix being extended
+            engine.allocator.retain(page)
+        try:
+            return self._place(plan, records, have)
+        finally:
+            engine.allocator.release(have)
+
+    def _place(self, plan: RestorePlan, records: list[PageRecord], have: list[int]) -> int:
+        engine, pool, ps = self.engine, self.engine.pool, self.page_size
+        tokens, salt = plan.tokens, plan.salt
         new_pages: list[int] = []
         loaded = []
         for record in records[len(have) - plan.start :]:
