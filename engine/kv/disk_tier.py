@@ -64,12 +64,16 @@ def root_key(fingerprint: str, scales_digest: str, salt: str) -> bytes:
     return _hash(b"resident-kv", fingerprint.encode(), scales_digest.encode(), salt.encode())
 
 
+def page_key(parent: bytes, tokens) -> bytes:
+    """The key of one page from its parent's key (or the root key) and its tokens."""
+    return _hash(parent, struct.pack(f"<{len(tokens)}q", *tokens))
+
+
 def chain_keys(root: bytes, tokens: list[int], page_size: int) -> list[bytes]:
     """The key of every full page of `tokens`, each covering all the pages before it."""
     keys, key = [], root
     for i in range(len(tokens) // page_size):
-        page = tokens[i * page_size : (i + 1) * page_size]
-        key = _hash(key, struct.pack(f"<{len(page)}q", *page))
+        key = page_key(key, tokens[i * page_size : (i + 1) * page_size])
         keys.append(key)
     return keys
 
