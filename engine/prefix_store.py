@@ -320,6 +320,22 @@ class PrefixStore:
         return out
 
 
+def open_prefix_store(engine) -> PrefixStore | None:
+    """The disk tier for an engine whose config asks for one (kv_disk), else None."""
+    if not (engine.config.kv_disk and engine.prefix_cache is not None):
+        return None
+    if engine.tensor_parallel:
+        log.info(
+            "the prefix disk tier (kv_disk) is off with tensor parallelism: each rank "
+            "holds its own shard of every page, and would need its own files"
+        )
+        return None
+    from engine.kv.disk_tier import default_root
+
+    root = Path(engine.config.kv_disk_dir) if engine.config.kv_disk_dir else default_root()
+    return PrefixStore(engine, root, int(engine.config.kv_disk_gib * 1024**3))
+
+
 def cache_evict(engine, pages: int) -> bool:
     """Make room in the pool by evicting unpinned, unused cached pages."""
     cache = engine.prefix_cache
