@@ -198,3 +198,34 @@ def test_a_waiting_request_does_not_push_pins_out_while_others_run(tiny_llama_di
         engine.step()
     assert engine.stats()["kv_spilled_pages"] == 0  # "small"'s cached pages sufficed
     assert all(node.resident for node in handle)
+
+
+def test_host_tier_default_budget():
+    from engine.config import EngineConfig
+    from engine.prefix_spill import DEFAULT_HOST_GIB, GIB, host_budget_bytes, physical_memory
+
+    config = EngineConfig(model="m")
+    assert host_budget_bytes(config, "cpu") == 0  # the pool is host memory already
+    expected = int(min(DEFAULT_HOST_GIB * GIB, physical_memory() / 4))
+    assert host_budget_bytes(config, "cuda") == expected > 0
+    assert host_budget_bytes(EngineConfig(model="m", kv_host_gib=0), "cuda") == 0
+    assert host_budget_bytes(EngineConfig(model="m", kv_host_gib=0.5), "cpu") == GIB // 2
+    # Each tensor-parallel rank holds only its shard of a page: no tier.
+    tp = EngineConfig(model="m", kv_host_gib=1, tensor_parallel_size=2)
+    assert host_budget_bytes(tp, "cuda") == 0
+
+
+def test_the_serve_flag_reaches_the_engine_config(monkeypatch):
+    from typer.testing import CliRunner
+
+    from engine.cli import engine_app
+    from engine.server import launch
+
+    seen = []
+    monkeypatch.setattr(launch, "serve", lambda options: seen.append(options))
+    runner = CliRunner()
+    assert runner.invoke(engine_app, ["serve", "--kv-host-gib", "2.5"]).exit_code == 0
+    assert runner.invoke(engine_app, ["serve"]).exit_code == 0
+    assert [o.kv_host_gib for o in seen] == [2.5, None]
+    assert launch.engine_config(seen[0]).kv_host_gib == 2.5
+    assert launch.engine_config(seen[1]).kv_host_gib is None
