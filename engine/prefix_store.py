@@ -16,7 +16,9 @@ An FP8 pool whose scales are still to be calibrated from the first prefill
 which is what that first prefill would have been quantized with had it
 happened; a pool with scales in force only matches pages saved under exactly
 those scales. Restored pages go into the radix tree as a prefill's would, so
-the next request finds them cached.
+the next request finds them cached. Pinned pages that give way under pool
+pressure are written through `write` too, and read back page by page
+(engine/prefix_spill.py).
 """
 
 from __future__ import annotations

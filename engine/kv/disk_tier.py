@@ -8,7 +8,9 @@ rotation, salt or any earlier token gives a different key and never matches.
 One file per page (not per prefix) because prefixes share their leading pages
 (system prompt, the unchanged start of a repository snapshot), a damaged or
 evicted page costs only the pages after it, and LRU by page mirrors the
-radix tree in memory.
+radix tree in memory. The host tier (engine/kv/host_tier.py) keys spilled
+pages the same way; pinned pages that give way under pool pressure land here
+when it is off or full (engine/prefix_spill.py).
 
 Layout under the root (platformdirs' user cache dir + /kv, or RESIDENT_CACHE_DIR):
 
