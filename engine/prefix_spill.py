@@ -98,7 +98,12 @@ class PrefixSpill:
             self.dropped += len(victims)  # no tier, or FP8 bytes under no scale set yet
             return
         places = self._places([node for node, _ in victims], digest)
-        payloads = self.pool.pages_bytes([page for _, page in victims])
+        try:
+            payloads = self.pool.pages_bytes([page for _, page in victims])
+        except (RuntimeError, MemoryError) as err:  # e.g. no host memory for the copy
+            log.warning("could not copy %d KV pages out of the pool: %s", len(victims), err)
+            self.dropped += len(victims)
+            return
         entries = [
             HostEntry.of(key, parent, depth, node.tokens, salt, payload)
             for (node, _), (key, parent, depth, salt), payload in zip(

@@ -218,9 +218,11 @@ class RadixCache:
             if self._evictable(parent, pinned):
                 heapq.heappush(heap, rank(parent))
         if spilled:
-            if self.spill is not None:
-                self.spill(spilled)  # before the pages can be handed out again
-            self.allocator.release([page for _, page in spilled])
+            try:
+                if self.spill is not None:
+                    self.spill(spilled)  # before the pages can be handed out again
+            finally:  # whatever the hook did, the tree no longer holds these pages
+                self.allocator.release([page for _, page in spilled])
         return freed
 
     def _remove(self, node: RadixNode) -> None:

@@ -120,3 +120,18 @@ def test_batched_page_bytes_match_single_pages(layout, kv_dtype):
     assert target.page_bytes(1) == bytes(len(data[0]))  # nothing else written
     with pytest.raises(ValueError):
         target.load_pages_bytes([1], [data[0][:-1]])
+
+
+def test_a_failing_spill_hook_still_returns_the_pages():
+    alloc = PageAllocator(2)
+    cache = RadixCache(alloc, page_size=1)
+    cached(alloc, cache, [1, 2])
+    cache.pin(cache.match([1, 2, 0], record=False).nodes)
+
+    def broken(victims):
+        raise RuntimeError("no memory for the copy")
+
+    cache.spill = broken
+    with pytest.raises(RuntimeError):
+        cache.evict(2, pinned=True)
+    assert alloc.num_free == 2 and cache.num_pages == 0
