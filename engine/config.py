@@ -48,6 +48,11 @@ class EngineConfig(BaseModel):
     kv_disk: bool = False
     kv_disk_gib: float = Field(default=8.0, gt=0)
     kv_disk_dir: str | None = None  # default: RESIDENT_CACHE_DIR/kv or the user cache
+    # The host-memory tier that pinned prefix pages spill to when they give way under
+    # pool pressure (engine/prefix_spill.py), in GiB; 0 turns it off. None: on for a
+    # pool on a GPU (min(8 GiB, a quarter of the host's RAM)), off for a CPU pool,
+    # whose pages are host memory already (they spill to the disk tier, if on).
+    kv_host_gib: float | None = Field(default=None, ge=0)
     seed: int = 0
     # Batch-, chunk- and cache-invariant reductions: bit-identical outputs however
     # requests are batched, at a cost in speed (DESIGN.md §3).

@@ -25,6 +25,8 @@ from engine.kv.sizing import kv_bytes_per_token
 from engine.layers.linear_methods import describe_methods, model_weight_bytes
 from engine.model_stack import build_model_stack
 from engine.outputs import CompletionOutput, RequestOutput
+from engine.prefix_spill import open_prefix_spill
+from engine.prefix_store import open_prefix_store
 from engine.sampler import Sampler, token_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSequence, Scheduler
@@ -118,7 +120,8 @@ class LLMEngine:
             max_waiting=config.max_waiting,
             speculator=self.speculator,
         )
-        self.prefix_store = self._open_prefix_store()
+        self.prefix_store = open_prefix_store(self)  # the disk tier, or None
+        self.prefix_spill = open_prefix_spill(self)  # pinned pages giving way, and back
         self.sampler = Sampler(config.seed)
         self.eos_token_ids = _eos_ids(self.model_dir, self.tokenizer)
         self._requests: dict[str, Sequence] = {}
@@ -136,21 +139,6 @@ class LLMEngine:
         except BaseException:
             torch.set_num_threads(self._threads_before)
             raise
-
-    def _open_prefix_store(self):
-        if not (self.config.kv_disk and self.prefix_cache is not None):
-            return None
-        if self.tensor_parallel:
-            log.info(
-                "the prefix disk tier (kv_disk) is off with tensor parallelism: each rank "
-                "holds its own shard of every page, and would need its own files"
-            )
-            return None
-        from engine.kv.disk_tier import default_root
-        from engine.prefix_store import PrefixStore
-
-        root = Path(self.config.kv_disk_dir) if self.config.kv_disk_dir else default_root()
-        return PrefixStore(self, root, int(self.config.kv_disk_gib * GIB))
 
     @property
     def failure(self) -> str | None:
@@ -402,7 +390,10 @@ class LLMEngine:
 
     # ----- prefix pinning and statistics ---------------------------------------
     def pin_prefix(self, token_ids: list[int], cache_salt: str = "") -> list:
-        """Protect the cached pages of this prefix from eviction; returns a handle for unpin."""
+        """Protect the cached pages of this prefix from eviction; returns a handle for unpin.
+
+        Under pressure pinned pages still give way, last (engine/prefix_spill.py): they
+        stay pinned in the tree without a page until restored or prefilled again."""
         if self.prefix_cache is None:
             return []
         nodes = self.prefix_cache.match(list(token_ids) + [0], cache_salt, record=False).nodes
@@ -447,6 +438,7 @@ class LLMEngine:
             "weight_bytes": self.weight_bytes,
             "linear_methods": self.linear_methods,
             **self.speculator.stats(),
+            **(self.prefix_spill.stats() if self.prefix_spill is not None else {}),
             "parallel": self.executor.describe(),
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),

@@ -16,7 +16,9 @@ An FP8 pool whose scales are still to be calibrated from the first prefill
 which is what that first prefill would have been quantized with had it
 happened; a pool with scales in force only matches pages saved under exactly
 those scales. Restored pages go into the radix tree as a prefill's would, so
-the next request finds them cached.
+the next request finds them cached. Pinned pages that give way under pool
+pressure are written through `write` too, and read back page by page
+(engine/prefix_spill.py).
 """
 
 from __future__ import annotations
@@ -228,14 +230,23 @@ class PrefixStore:
         skipped, and pages it lost leave a gap nothing may follow (then nothing is placed)."""
         if plan is None or not records:
             return 0
-        engine, pool, ps = self.engine, self.engine.pool, self.page_size
-        tokens, salt = plan.tokens, plan.salt
-        have = engine.prefix_cache.match(tokens + [0], salt, record=False).pages
+        engine, pool = self.engine, self.engine.pool
+        have = engine.prefix_cache.match(plan.tokens + [0], plan.salt, record=False).pages
         if len(have) < plan.start:
             return 0
         if plan.scales is not None and pool.calibrated_layers != 0:
             if scales_state(pool)[0] != plan.scales_digest:
                 return 0  # the pool took other scales meanwhile: these bytes mean nothing
+        for page in have:  # making room must not evict the prefix being extended
+            engine.allocator.retain(page)
+        try:
+            return self._place(plan, records, have)
+        finally:
+            engine.allocator.release(have)
+
+    def _place(self, plan: RestorePlan, records: list[PageRecord], have: list[int]) -> int:
+        engine, pool, ps = self.engine, self.engine.pool, self.page_size
+        tokens, salt = plan.tokens, plan.salt
         new_pages: list[int] = []
         loaded = []
         for record in records[len(have) - plan.start :]:
@@ -309,6 +320,22 @@ class PrefixStore:
                 continue  # a chain with a page missing in the middle cannot be restored
             out.append(([t for r in chain for t in r.tokens], leaf.salt))
         return out
+
+
+def open_prefix_store(engine) -> PrefixStore | None:
+    """The disk tier for an engine whose config asks for one (kv_disk), else None."""
+    if not (engine.config.kv_disk and engine.prefix_cache is not None):
+        return None
+    if engine.tensor_parallel:
+        log.info(
+            "the prefix disk tier (kv_disk) is off with tensor parallelism: each rank "
+            "holds its own shard of every page, and would need its own files"
+        )
+        return None
+    from engine.kv.disk_tier import default_root
+
+    root = Path(engine.config.kv_disk_dir) if engine.config.kv_disk_dir else default_root()
+    return PrefixStore(engine, root, int(engine.config.kv_disk_gib * 1024**3))
 
 
 def cache_evict(engine, pages: int) -> bool:

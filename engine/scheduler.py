@@ -4,9 +4,17 @@ Each step has a token budget. Running sequences go first (a decode costs one
 token, a prefill in progress takes a chunk of what is left), then waiting
 sequences are admitted in arrival order while the budget, the sequence limit
 and free pages allow. When a running sequence needs a page and none is free,
-unreferenced prefix-cache pages are evicted first; failing that, the most
-recently arrived running sequence is preempted: its pages are freed and it
-goes back to the head of the queue to be recomputed later.
+unreferenced prefix-cache pages are evicted first, then pinned ones that no
+sequence holds (they spill to the host or disk tier, engine/prefix_spill.py);
+failing that, the most recently arrived running sequence is preempted: its
+pages are freed and it goes back to the head of the queue to be recomputed
+later. A waiting request makes pinned pages give way only when nothing is
+running (else it would be failed); while others run it waits for their pages
+instead, which keeps the resident prefix in place.
+
+A new request first asks the spill tier (`restore`) to bring back pages of
+its prompt's cached prefix that gave way earlier, then reuses what the cache
+holds.
 
 Page ownership: a sequence holds one reference on every page in its page
 table, the prefix cache one on every page in its tree. The scheduler takes a
@@ -17,6 +25,7 @@ and gives them back when the sequence finishes or is preempted.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.errors import EngineOverloadedError
@@ -57,8 +66,10 @@ class Scheduler:
         prefix_cache: RadixCache | None = None,
         max_waiting: int | None = None,
         speculator: Speculator | None = None,
+        restore: Callable[[list[int], str], int] | None = None,
     ):
         self.allocator = allocator
+        self.restore = restore
         self.speculator = speculator
         self.prefix_cache = prefix_cache
         self.max_waiting = max_waiting
@@ -87,11 +98,12 @@ class Scheduler:
         total = seq.num_computed_tokens + num_tokens
         return max(0, -(-total // self.page_size) - len(seq.pages))
 
-    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
+    def _grow(self, seq: Sequence, num_tokens: int, evict_pinned: bool = True) -> bool:
         needed = self._pages_needed(seq, num_tokens)
         shortfall = needed - self.allocator.num_free
         if shortfall > 0 and self.prefix_cache is not None:
-            self.prefix_cache.evict(shortfall)
+            # Unpinned leaves go first; pinned ones only for what they cannot cover.
+            self.prefix_cache.evict(shortfall, pinned=evict_pinned)
         if not self.allocator.can_allocate(needed):
             return False
         seq.pages.extend(self.allocator.allocate(needed))
@@ -138,10 +150,11 @@ class Scheduler:
             seq = self.waiting[0]
             self._reuse_cached_prefix(seq)
             num_tokens = self._chunk(seq, budget)
-            if not self._grow(seq, num_tokens):
+            idle = not self.running and not scheduled
+            if not self._grow(seq, num_tokens, evict_pinned=idle):
                 self.free(seq)
                 seq.num_computed_tokens = 0
-                if not self.running and not scheduled:
+                if idle:
                     # Nothing will ever free more pages: fail it rather than wait forever.
                     self.waiting.popleft()
                     self._fail_unschedulable(seq, num_tokens)
@@ -185,12 +198,12 @@ class Scheduler:
             del seq.pages[keep:]
 
     def _fail_unschedulable(self, seq: Sequence, num_tokens: int) -> None:
+        # Nothing runs and every cached page that could give way has: the request
+        # alone needs more pages than the pool has to give.
         needed = -(-num_tokens // self.page_size)
-        pinned = self.allocator.num_pages - self.allocator.num_free
         seq.error = (
             f"the request needs {needed} KV pages but only {self.allocator.num_free} of "
-            f"{self.allocator.num_pages} can be freed ({pinned} are pinned in the prefix "
-            "cache); unpin prefixes or raise --kv-memory"
+            f"{self.allocator.num_pages} can be freed; raise --kv-memory or shorten the prompt"
         )
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = "error"
@@ -201,6 +214,8 @@ class Scheduler:
             return
         if seq.params.prompt_logprobs is not None or seq.collect_logits:
             return  # cached positions have no logits to report
+        if self.restore is not None:
+            self.restore(seq.token_ids, seq.cache_salt)  # spilled pages come back first
         match = self.prefix_cache.match(seq.token_ids, seq.cache_salt)
         for page in match.pages:
             self.allocator.retain(page)

@@ -52,6 +52,14 @@ def serve(
         help="Keep cached prefixes' KV on disk: saved when the server stops, restored "
         "when it starts (`resident cache list|clear`).",
     ),
+    kv_host_gib: float = typer.Option(
+        None,
+        min=0,
+        help="Host memory (GiB) for KV pages of pinned prefixes that give way when the "
+        "pool is full; they come back from there instead of being prefilled. 0 turns it "
+        "off. Default: min(8, a quarter of RAM) with a GPU pool; off on CPU, where pages "
+        "spill to the disk tier.",
+    ),
     speculative: str = typer.Option(
         "none",
         help="Speculative decoding for greedy requests: prompt_lookup (drafts copied from "
@@ -102,6 +110,7 @@ def serve(
         attention_backend=attention_backend,
         cpu_kernel=cpu_kernel,
         kv_disk=kv_disk,
+        kv_host_gib=kv_host_gib,
         speculative=speculative,
         tensor_parallel_size=tp,
         expert_parallel=ep,

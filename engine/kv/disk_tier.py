@@ -8,7 +8,9 @@ rotation, salt or any earlier token gives a different key and never matches.
 One file per page (not per prefix) because prefixes share their leading pages
 (system prompt, the unchanged start of a repository snapshot), a damaged or
 evicted page costs only the pages after it, and LRU by page mirrors the
-radix tree in memory.
+radix tree in memory. The host tier (engine/kv/host_tier.py) keys spilled
+pages the same way; pinned pages that give way under pool pressure land here
+when it is off or full (engine/prefix_spill.py).
 
 Layout under the root (platformdirs' user cache dir + /kv, or RESIDENT_CACHE_DIR):
 
@@ -64,12 +66,16 @@ def root_key(fingerprint: str, scales_digest: str, salt: str) -> bytes:
     return _hash(b"resident-kv", fingerprint.encode(), scales_digest.encode(), salt.encode())
 
 
+def page_key(parent: bytes, tokens) -> bytes:
+    """The key of one page from its parent's key (or the root key) and its tokens."""
+    return _hash(parent, struct.pack(f"<{len(tokens)}q", *tokens))
+
+
 def chain_keys(root: bytes, tokens: list[int], page_size: int) -> list[bytes]:
     """The key of every full page of `tokens`, each covering all the pages before it."""
     keys, key = [], root
     for i in range(len(tokens) // page_size):
-        page = tokens[i * page_size : (i + 1) * page_size]
-        key = _hash(key, struct.pack(f"<{len(page)}q", *page))
+        key = page_key(key, tokens[i * page_size : (i + 1) * page_size])
         keys.append(key)
     return keys
 

@@ -89,6 +89,33 @@ class PagedPoolBase:
         values = torch.frombuffer(bytearray(data), dtype=target.dtype).view(target.shape)
         target.copy_(values.to(self.device))
 
+    def _slots(self, pages: list[int]) -> torch.Tensor:
+        offsets = torch.arange(self.page_size)
+        return (torch.tensor(pages).view(-1, 1) * self.page_size + offsets).view(-1)
+
+    def pages_bytes(self, pages: list[int]) -> list[bytes]:
+        """`page_bytes` of several pages with one gather and one copy to the host (the
+        spill tier copies a whole evicted run of pages off a GPU at once)."""
+        if not pages:
+            return []
+        rows = self.storage[:, self._slots(pages).to(self.device)]
+        rows = rows.view(rows.shape[0], len(pages), self.page_size, *rows.shape[2:])
+        raw = rows.movedim(1, 0).contiguous().cpu().view(torch.uint8).view(len(pages), -1)
+        return [bytes(memoryview(page.numpy())) for page in raw]
+
+    def load_pages_bytes(self, pages: list[int], data: list[bytes]) -> None:
+        """Put back what `pages_bytes` returned, one copy to the device for all pages."""
+        expected = self.storage[:, : self.page_size].nbytes
+        if len(data) != len(pages) or any(len(d) != expected for d in data):
+            raise ValueError(f"each page holds {expected} bytes; got {[len(d) for d in data]}")
+        if not pages:
+            return
+        flat = torch.frombuffer(bytearray(b"".join(data)), dtype=torch.uint8)
+        shape = (len(pages), self.storage.shape[0], self.page_size, *self.storage.shape[2:])
+        values = flat.view(self.storage_dtype).view(shape).movedim(0, 1)
+        values = values.reshape(self.storage.shape[0], -1, *self.storage.shape[2:])
+        self.storage[:, self._slots(pages).to(self.device)] = values.to(self.device)
+
     def checked_scales(
         self, first: torch.Tensor, second: torch.Tensor, names: str, heads: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

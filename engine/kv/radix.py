@@ -6,8 +6,20 @@ never freed under it. Sequences that reuse a cached prefix take their own
 reference on its pages and only ever write new tokens to pages they allocated
 themselves: shared pages are read-only.
 
-Eviction frees least-recently-used leaves that no sequence holds and that are
-not pinned. Pinning (the agent pins its repository snapshot) protects a path.
+Eviction frees least-recently-used leaves that no sequence holds, unpinned
+ones first. Pinning (the agent pins its repository snapshot) protects a path
+from ordinary eviction; only when that cannot free enough do pinned leaves
+give way (`evict(..., pinned=True)`, the scheduler's last resort before
+preempting or failing a request). A pinned node that gives way stays in the
+tree as a *spilled* node: same tokens, same pins, no page. So a pin handle
+stays valid (unpin works and keeps the counts exact), `match` stops in front
+of it (its tokens are not cached), and the next `insert` of those tokens (a
+restore from the spill tier, engine/prefix_spill.py, or a plain prefill)
+gives it a page again, still pinned. Before its page goes back to the pool,
+the `spill` hook sees it, so its bytes can be copied out. Spilled nodes
+nobody pins any more are forgotten. Invariant: a resident node's ancestors
+are resident (eviction takes the tail first, insert fills from the head).
+
 A verification mode hashes a page's bytes when it enters the tree and checks
 them every time the page is reused, to catch anything that writes to a
 shared page.
@@ -16,11 +28,14 @@ shared page.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.kv.pages import PageAllocator
+
+SPILLED = -1  # the page of a node whose page gave way under pressure
 
 
 class SharedPageCorrupted(RuntimeError):
@@ -36,12 +51,18 @@ class RadixNode:
     last_used: int = 0
     pins: int = 0
     digest: bytes | None = None
+    salt: str = ""  # roots only: the cache salt below them
+
+    @property
+    def resident(self) -> bool:
+        return self.page != SPILLED
 
 
 @dataclass
 class PrefixMatch:
     pages: list[int]
     nodes: list[RadixNode]
+    spilled: bool = False  # the walk stopped at a spilled page of this prompt
 
     @property
     def num_pages(self) -> int:
@@ -63,12 +84,15 @@ class RadixCache:
         self.roots: dict[str, RadixNode] = {}
         self._clock = itertools.count(1)
         self.num_pages = 0
+        # Called with [(node, page)] of pinned nodes giving way, before those pages
+        # return to the pool (engine/prefix_spill.py copies them out).
+        self.spill: Callable[[list[tuple[RadixNode, int]]], None] | None = None
         self.hit_tokens = 0
         self.query_tokens = 0
 
     def _root(self, salt: str) -> RadixNode:
         if salt not in self.roots:
-            self.roots[salt] = RadixNode(tokens=(), page=-1, parent=None)
+            self.roots[salt] = RadixNode(tokens=(), page=SPILLED, parent=None, salt=salt)
         return self.roots[salt]
 
     def _chunks(self, tokens: list[int], max_pages: int):
@@ -82,11 +106,13 @@ class RadixCache:
         node = self.roots.get(salt)
         pages: list[int] = []
         nodes: list[RadixNode] = []
+        spilled = False
         if node is not None:
             now = next(self._clock)
             for chunk in self._chunks(tokens, usable):
                 child = node.children.get(chunk)
-                if child is None:
+                if child is None or not child.resident:
+                    spilled = child is not None
                     break
                 if self.verify and child.digest != self._digest(child.page):
                     raise SharedPageCorrupted(
@@ -99,7 +125,7 @@ class RadixCache:
         if record:
             self.query_tokens += len(tokens)
             self.hit_tokens += len(pages) * self.page_size
-        return PrefixMatch(pages, nodes)
+        return PrefixMatch(pages, nodes, spilled)
 
     def insert(self, tokens: list[int], pages: list[int], salt: str = "") -> list[RadixNode]:
         """Offer a sequence's full pages ([len(tokens) // page_size] of them) to the tree.
@@ -120,6 +146,12 @@ class RadixCache:
                 node.children[chunk] = child
                 self.allocator.retain(pages[i])
                 self.num_pages += 1
+            elif not child.resident:  # computed or restored again: it holds a page anew
+                child.page = pages[i]
+                if self.verify:
+                    child.digest = self._digest(pages[i])
+                self.allocator.retain(pages[i])
+                self.num_pages += 1
             child.last_used = now
             path.append(child)
             node = child
@@ -132,35 +164,65 @@ class RadixCache:
     def unpin(self, nodes: list[RadixNode]) -> None:
         for node in nodes:
             node.pins = max(0, node.pins - 1)
+        for node in reversed(nodes):  # deepest first: a spilled tail goes before its head
+            self._forget_spilled(node)
 
-    def _evictable_leaves(self) -> list[RadixNode]:
-        leaves = []
-        stack = list(self.roots.values())
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if (
-                node.parent is not None
-                and not node.children
-                and node.pins == 0
-                and self.allocator.refcount(node.page) == 1
-            ):
-                leaves.append(node)
-        return leaves
+    def _forget_spilled(self, node: RadixNode) -> None:
+        """Drop spilled nodes that nobody pins and nothing hangs below: they hold no
+        page, and an unpinned page's tokens are simply not cached."""
+        while (
+            node.parent is not None
+            and not node.resident
+            and not node.pins
+            and not node.children
+            and node.parent.children.get(node.tokens) is node
+        ):
+            del node.parent.children[node.tokens]
+            node = node.parent
 
-    def evict(self, num_pages: int) -> int:
-        """Free up to `num_pages` pages, least recently used leaves first."""
-        freed = 0
-        while freed < num_pages:
-            leaves = self._evictable_leaves()
-            if not leaves:
-                break
-            leaves.sort(key=lambda n: n.last_used)
-            for leaf in leaves:
-                if freed >= num_pages:
-                    break
-                self._remove(leaf)
-                freed += 1
+    def _evictable(self, node: RadixNode, pinned: bool) -> bool:
+        """A resident leaf (nothing resident below) that only the tree holds."""
+        return (
+            node.parent is not None
+            and node.resident
+            and (pinned or node.pins == 0)
+            and self.allocator.refcount(node.page) == 1
+            and not any(child.resident for child in node.children.values())
+        )
+
+    def evict(self, num_pages: int, pinned: bool = False) -> int:
+        """Free up to `num_pages` pages, least recently used leaves first.
+
+        With `pinned`, pinned leaves no sequence holds may go too, after every
+        unpinned one: they become spilled nodes (the `spill` hook sees them
+        first). A parent whose last resident child went joins the candidates,
+        so a path is eaten from its tail."""
+        tie = itertools.count()
+
+        def rank(node: RadixNode):
+            return (node.pins > 0, node.last_used, next(tie), node)
+
+        heap = [rank(n) for n in self._nodes() if self._evictable(n, pinned)]
+        heapq.heapify(heap)
+        freed, spilled = 0, []
+        while heap and freed < num_pages:
+            node = heapq.heappop(heap)[-1]
+            parent = node.parent
+            if node.pins:
+                spilled.append((node, node.page))
+                node.page, node.digest = SPILLED, None
+                self.num_pages -= 1
+            else:
+                self._remove(node)
+            freed += 1
+            if self._evictable(parent, pinned):
+                heapq.heappush(heap, rank(parent))
+        if spilled:
+            try:
+                if self.spill is not None:
+                    self.spill(spilled)  # before the pages can be handed out again
+            finally:  # whatever the hook did, the tree no longer holds these pages
+                self.allocator.release([page for _, page in spilled])
         return freed
 
     def _remove(self, node: RadixNode) -> None:
@@ -179,12 +241,22 @@ class RadixCache:
         return hashlib.blake2b(self.page_bytes(page), digest_size=16).digest()
 
     def _nodes(self):
+        """Every resident node (spilled ones hold no page; none is resident below them)."""
         stack = list(self.roots.values())
         while stack:
             node = stack.pop()
-            stack.extend(node.children.values())
+            stack.extend(child for child in node.children.values() if child.resident)
             if node.parent is not None:
                 yield node
+
+    def spilled_pages(self) -> int:
+        """Pinned pages that gave way and are not back yet (nodes without a page)."""
+        count, stack = 0, list(self.roots.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            count += node.parent is not None and not node.resident
+        return count
 
     def paths(self) -> list[tuple[str, list[int], int, bool]]:
         """(salt, tokens, last use, pinned) of every root-to-leaf path, most recently
@@ -194,9 +266,10 @@ class RadixCache:
             stack = [(root, [])]
             while stack:
                 node, tokens = stack.pop()
-                for child in node.children.values():
+                resident = [child for child in node.children.values() if child.resident]
+                for child in resident:
                     stack.append((child, tokens + list(child.tokens)))
-                if node is not root and not node.children:
+                if node is not root and not resident:
                     pinned = any(n.pins for n in self._ancestors(node))
                     out.append((salt, tokens, node.last_used, pinned))
         return sorted(out, key=lambda p: (not p[3], -p[2]))

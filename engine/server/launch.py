@@ -56,6 +56,9 @@ class ServeOptions:
     cpu_kernel: str = default_setting("cpu_kernel")  # grid-weight products: int8 or bf16
     # Cached prefixes' KV kept on disk across restarts (engine/prefix_store.py).
     kv_disk: bool = True
+    # The host-memory tier pinned pages spill to under pressure (engine/prefix_spill.py):
+    # GiB, 0 off; None: on for a GPU pool, off on CPU.
+    kv_host_gib: float | None = None
     speculative: str = default_setting("speculative")  # none or prompt_lookup
     # Tensor parallelism (engine/distributed): ranks in all, MoE experts dealt whole,
     # and the nodes they span, meeting at master_addr:master_port.
@@ -165,6 +168,7 @@ def engine_config(options: ServeOptions):
         cpu_kernel=options.cpu_kernel,
         max_num_seqs=options.max_num_seqs,
         kv_disk=options.kv_disk,
+        kv_host_gib=options.kv_host_gib,
         speculative=options.speculative,
         tensor_parallel_size=options.tensor_parallel_size,
         expert_parallel=options.expert_parallel,

@@ -209,3 +209,32 @@ def test_a_restore_planned_before_the_pool_took_other_scales_places_nothing(save
     fresh.generate([list(range(200, 240))], GREEDY)  # calibrates the pool on other text
     assert fresh.engine.pool.calibrated_layers > 0
     assert store.place(plan, records) == 0
+
+
+def test_a_restore_never_evicts_the_prefix_it_extends(tiny_llama_dir, tmp_path):
+    disk = tmp_path / "kv"
+    saver = make(tiny_llama_dir, disk, kv_cache_dtype="auto")
+    expected = saver.generate([PREFIX + TAIL], GREEDY)[0].outputs[0].token_ids
+    assert saver.engine.save_prefix(PREFIX) == 5
+    per_token = 2 * 2 * 2 * 16 * 4  # layers x (K, V) x heads x head_dim x float32
+    pages = 8  # with max_model_len 128: one sequence's worth
+    llm = make(
+        tiny_llama_dir,
+        disk,
+        kv_cache_dtype="auto",
+        max_model_len=128,
+        kv_memory=per_token * 16 * pages / 1024**3,
+    )
+    llm.generate([PREFIX[:32] + [1]], GREEDY)  # the prefix's first two pages, cached
+    llm.generate([[300] * 90], GREEDY)  # five more cached pages: one page free
+    handle = llm.engine.pin_prefix([300] * 90)
+    # One saved page fits; room for more could only come from evicting the two
+    # unpinned pages the restore builds on, which must stay.
+    assert llm.engine.restore_prefix(PREFIX) == 16
+    cache = llm.engine.prefix_cache
+    held = [node.page for node in cache._nodes()]
+    assert len(held) == len(set(held)) == cache.num_pages
+    llm.engine.unpin_prefix(handle)
+    again = llm.generate([PREFIX + TAIL], GREEDY)[0]
+    assert again.num_cached_tokens == 48
+    assert again.outputs[0].token_ids == expected
