@@ -9,7 +9,7 @@ from engine.sequence import Sequence
 from engine.speculative import Speculator
 from engine.speculative.adaptive import AdaptiveK
 from engine.speculative.prompt_lookup import PromptLookupProposer
-from engine.speculative.verifier import accept_greedy
+from engine.speculative.verifier import accept_prefix
 
 
 def seq_of(prompt: list[int], output: list[int] = (), **params) -> Sequence:
@@ -29,13 +29,13 @@ def seq_of(prompt: list[int], output: list[int] = (), **params) -> Sequence:
         ([5], [5, 6], [5, 6]),
     ],
 )
-def test_accept_greedy(draft, targets, emitted):
-    assert accept_greedy(draft, targets) == emitted
+def test_accept_prefix(draft, targets, emitted):
+    assert accept_prefix(draft, targets) == emitted
 
 
-def test_accept_greedy_needs_one_row_per_draft_token_plus_one():
+def test_accept_prefix_needs_one_row_per_draft_token_plus_one():
     with pytest.raises(ValueError):
-        accept_greedy([1, 2], [1, 2])
+        accept_prefix([1, 2], [1, 2])
 
 
 def test_prompt_lookup_copies_what_followed_the_latest_longest_match():
@@ -121,11 +121,11 @@ def test_adaptive_k_pauses_after_repeated_first_token_misses():
     assert [k.allow() for _ in range(5)] == [0, 0, 0, 0, 1]
 
 
-def test_speculator_drafts_only_for_greedy_requests_without_penalties():
+def test_speculator_drafts_for_requests_without_penalties():
     spec = Speculator("prompt_lookup", max_draft=4, max_model_len=1000)
     prompt = [1, 2, 3, 4, 1, 2]
     assert spec.draft(seq_of(prompt), limit=10) == [3, 4, 1, 2]
-    assert spec.draft(seq_of(prompt, temperature=0.7), limit=10) == []
+    assert spec.draft(seq_of(prompt, temperature=0.7), limit=10) == [3, 4, 1, 2]
     assert spec.draft(seq_of(prompt, repetition_penalty=1.1), limit=10) == []
     assert spec.draft(seq_of(prompt, presence_penalty=0.5), limit=10) == []
     assert spec.draft(seq_of(prompt, speculative=False), limit=10) == []
