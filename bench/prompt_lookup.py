@@ -4,7 +4,9 @@ Two workloads on one engine, greedy, one request at a time:
 - editing: the model is given a file of this repository and asked to return it
   with one identifier renamed, and to return one function with one line changed
   (the answer is mostly a copy of the context);
-- nothing to copy: open-ended prose with no context to copy from.
+- nothing to copy: open-ended prose with no context to copy from;
+- the editing prompts again, sampled at temperature 0.7 with seed 0 (same tokens
+  with and without speculation; drafts are kept only where the draw agrees).
 
 Each prompt runs once untimed (prefix cache warm, FP8 scales set), then plain and
 speculative runs alternate `--repeats` times; the best of each counts. Decode
@@ -85,12 +87,16 @@ def timed(llm: LLM, ids: list[int], params: SamplingParams) -> tuple[list[int], 
     return tokens, (len(tokens) - 1) / span if span > 0 else 0.0
 
 
-def run_workload(llm: LLM, prompts, max_tokens: int, repeats: int) -> dict:
+def run_workload(
+    llm: LLM, prompts, max_tokens: int, repeats: int, temperature: float = 0.0
+) -> dict:
     results = []
     for name, messages in prompts:
         ids = llm.render_chat(messages).token_ids
         params = {
-            flag: SamplingParams(max_tokens=max_tokens, temperature=0, speculative=flag)
+            flag: SamplingParams(
+                max_tokens=max_tokens, temperature=temperature, seed=0, speculative=flag
+            )
             for flag in (False, True)
         }
         timed(llm, ids, params[False])  # warm: cached prompt, scales set
@@ -143,6 +149,10 @@ def main() -> None:
         },
         "max_draft": llm.config.speculative_max_draft,
         "editing": run_workload(llm, editing_prompts(), args.max_tokens, args.repeats),
+        # Seeded sampling: the same tokens with and without speculation, fewer kept drafts.
+        "editing_sampled_t0.7": run_workload(
+            llm, editing_prompts(), args.max_tokens, args.repeats, temperature=0.7
+        ),
         "nothing_to_copy": run_workload(llm, prose_prompts(), args.max_tokens, args.repeats),
     }
     print(json.dumps(report, indent=2))

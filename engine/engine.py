@@ -32,7 +32,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSequence, Scheduler
 from engine.sequence import Sequence, TokenLogprob
 from engine.speculative import Speculator
-from engine.speculative.verifier import accept_greedy, greedy_targets
+from engine.speculative.verifier import SampledTargets, accept_prefix, greedy_targets
 from engine.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -268,7 +268,12 @@ class LLMEngine:
             raw = logits.clone() if top_n is not None else logits  # logprobs: the model's own
             seq.grammar.sync(seq.output_token_ids)
             apply_draft_masks(logits, seq.grammar, draft)
-        tokens = accept_greedy(draft, greedy_targets(logits))
+        if seq.params.greedy:
+            tokens = accept_prefix(draft, greedy_targets(logits))
+        else:
+            sampled = SampledTargets(logits, seq.params, seq.generator or self.sampler.generator)
+            tokens = accept_prefix(draft, sampled.tokens)
+            sampled.keep(len(tokens))
         accepted = len(tokens) - 1
         # KV is now valid for the pending token and the accepted draft tokens; the
         # rejected ones' slots are past the end and will be overwritten.

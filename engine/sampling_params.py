@@ -30,7 +30,8 @@ class SamplingParams:
     # format (engine.grammar); it ends when the grammar does.
     structured: StructuredOutput | None = None
     # Speculative decoding (engine.speculative) for this request: None follows the
-    # engine's default; only greedy requests without penalties or grammar speculate.
+    # engine's default; requests with presence, frequency or repetition penalties
+    # do not speculate.
     speculative: bool | None = None
 
     def __post_init__(self) -> None:

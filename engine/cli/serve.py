@@ -62,7 +62,7 @@ def serve(
     ),
     speculative: str = typer.Option(
         "none",
-        help="Speculative decoding for greedy requests: prompt_lookup (drafts copied from "
+        help="Speculative decoding: prompt_lookup (drafts copied from "
         "the context, verified in one pass; same outputs) or none. A request's "
         "`speculative` field overrides it.",
     ),

@@ -1,18 +1,18 @@
 """The engine's side of speculative decoding: who drafts, how much, and the tally.
 
-Which requests speculate: greedy ones (temperature 0 or top_k 1), when the
-request asks for it or leaves it to the engine's default. Not speculated,
-because a draft could not be verified exactly by a plain argmax over its
-rows: sampled requests (that needs rejection sampling against the target's
-distribution) and requests with presence, frequency or repetition penalties
-(each row's penalties depend on the drafted tokens before it). Constrained
-decoding speculates (the agent's local requests always carry a tool-call
-grammar): a draft is cut to what the grammar allows, and each verification
-row gets the mask the grammar gives after the draft tokens before it
-(engine/grammar/masks.py `apply_draft_masks`). Stop
-strings, stop tokens, EOS, max_tokens and logprobs need no exclusion: the
-engine appends verified tokens one at a time through the same checks as a
-plain decode step and stops where those stop.
+Which requests speculate: greedy and sampled ones alike, when the request
+asks for it or leaves it to the engine's default. A sampled request's draft is
+verified against the tokens its own random stream would draw at each row
+(engine/speculative/verifier.py), so it keeps the distribution and, seeded,
+the very tokens of plain decoding. Not speculated: requests with presence,
+frequency or repetition penalties (each row's penalties depend on the drafted
+tokens before it). Constrained decoding speculates (the agent's local requests
+always carry a tool-call grammar): a draft is cut to what the grammar allows,
+and each verification row gets the mask the grammar gives after the draft
+tokens before it (engine/grammar/masks.py `apply_draft_masks`). Stop strings,
+stop tokens, EOS, max_tokens and logprobs need no exclusion: the engine
+appends verified tokens one at a time through the same checks as a plain
+decode step and stops where those stop.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ class Speculator:
         on = params.speculative if params.speculative is not None else self.default_on
         return (
             on
-            and params.greedy
             and not (seq.grammar is not None and seq.grammar.done)
             and params.presence_penalty == 0
             and params.frequency_penalty == 0

@@ -184,14 +184,79 @@ def test_stops_where_plain_decoding_stops(llm):
     assert_pool_exact(llm)
 
 
-def test_sampled_and_penalised_requests_do_not_speculate(llm):
+def test_penalised_requests_do_not_speculate(llm):
     prompt = REPEAT * 3
     before = llm.engine.speculator.stats()["speculative_steps"]
-    llm.generate([prompt], SamplingParams(max_tokens=10, temperature=0.8, seed=1, speculative=True))
     llm.generate([prompt], greedy(True, max_tokens=10, repetition_penalty=1.2))
+    sampled = dict(max_tokens=10, temperature=0.8, seed=1, speculative=True)
+    llm.generate([prompt], SamplingParams(presence_penalty=0.5, **sampled))
     assert llm.engine.speculator.stats()["speculative_steps"] == before
     llm.generate([prompt], greedy(True, max_tokens=10))
     assert llm.engine.speculator.stats()["speculative_steps"] > before
+
+
+def sampled(speculative: bool, seed: int, **filters) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=24,
+        temperature=0.7,
+        seed=seed,
+        ignore_eos=True,
+        speculative=speculative,
+        **filters,
+    )
+
+
+FILTERS = [{}, {"top_p": 0.9}, {"top_k": 20, "min_p": 0.05}]
+
+
+@LAYOUTS
+def test_seeded_sampling_gives_the_same_tokens_with_and_without_speculation(llm, as_rows):
+    """Each row is verified against the draw plain decoding would make with the same
+    uniform, and the stream is rewound past the rejected rows: same seed, same tokens,
+    alone and in a batch that mixes sampled, greedy, speculating and plain requests."""
+    llm.engine.runner.verify_as_rows = as_rows
+    batch = prompts(5, 9)
+    params = [sampled(False, seed=i, **FILTERS[i % 3]) for i in range(len(batch))]
+    plain = token_ids(llm.generate(batch, params))
+    llm.engine.prefix_cache.clear()
+    before = llm.engine.speculator.stats()
+    spec = [sampled(True, seed=i, **FILTERS[i % 3]) for i in range(len(batch))]
+    alone = [token_ids(llm.generate([p], [q]))[0] for p, q in zip(batch, spec, strict=True)]
+    assert alone == plain
+    mixed = [spec[i] if i % 2 == 0 else params[i] for i in range(len(batch))]
+    mixed_batch = [*batch, REPEAT * 3]
+    outs = token_ids(llm.generate(mixed_batch, [*mixed, greedy(True)]))
+    assert outs[:-1] == plain
+    after = llm.engine.speculator.stats()
+    drafted = after["speculative_drafted_tokens"] - before["speculative_drafted_tokens"]
+    accepted = after["speculative_accepted_tokens"] - before["speculative_accepted_tokens"]
+    assert 0 < accepted < drafted
+    assert_pool_exact(llm)
+
+
+def test_each_row_is_the_draw_the_sampler_would_make_there():
+    """Row i is what the sampler draws for this request after i earlier draws, and
+    keep(n) leaves the request's stream where n plain draws leave it."""
+    import torch
+
+    from engine.sampler import Sampler
+    from engine.sequence import Sequence
+    from engine.speculative.verifier import SampledTargets
+
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(3)) * 3
+    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=7)
+    targets = SampledTargets(logits, params, torch.Generator().manual_seed(7))
+    seq = Sequence("r", [1], params)
+    seq.generator = torch.Generator().manual_seed(7)
+    plain = [Sampler().sample(logits[i : i + 1].clone(), [seq])[0][0] for i in range(5)]
+    assert targets.tokens == plain
+    for kept in (1, 3, 5):
+        targets.keep(kept)
+        again = torch.Generator().manual_seed(7)
+        torch.rand(kept, generator=again)
+        assert torch.equal(
+            torch.rand(4, generator=targets.generator), torch.rand(4, generator=again)
+        )
 
 
 @LAYOUTS

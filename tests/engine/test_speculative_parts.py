@@ -9,7 +9,7 @@ from engine.sequence import Sequence
 from engine.speculative import Speculator
 from engine.speculative.adaptive import AdaptiveK
 from engine.speculative.prompt_lookup import PromptLookupProposer
-from engine.speculative.verifier import accept_greedy
+from engine.speculative.verifier import accept_prefix
 
 
 def seq_of(prompt: list[int], output: list[int] = (), **params) -> Sequence:
@@ -29,13 +29,13 @@ def seq_of(prompt: list[int], output: list[int] = (), **params) -> Sequence:
         ([5], [5, 6], [5, 6]),
     ],
 )
-def test_accept_greedy(draft, targets, emitted):
-    assert accept_greedy(draft, targets) == emitted
+def test_accept_prefix(draft, targets, emitted):
+    assert accept_prefix(draft, targets) == emitted
 
 
-def test_accept_greedy_needs_one_row_per_draft_token_plus_one():
+def test_accept_prefix_needs_one_row_per_draft_token_plus_one():
     with pytest.raises(ValueError):
-        accept_greedy([1, 2], [1, 2])
+        accept_prefix([1, 2], [1, 2])
 
 
 def test_prompt_lookup_copies_what_followed_the_latest_longest_match():
@@ -71,6 +71,35 @@ def test_prompt_lookup_extends_a_run_periodically():
     assert proposer.propose(seq, 5) == [1, 2, 1, 2, 1]
 
 
+def test_prompt_lookup_goes_on_copying_where_the_last_verified_draft_came_from():
+    """In a file with a repeated line the latest occurrence of the suffix is often the
+    wrong one: the copy the model follows goes on after the cursor."""
+    proposer = PromptLookupProposer(max_ngram=2, min_ngram=2)
+    file = [1, 2, 3, 10, 4, 5, 6, 11, 4, 5, 6, 12, 7, 8, 9]
+    seq = seq_of([*file, 0, 1, 2])
+    assert proposer.propose(seq, 2) == [3, 10]
+    proposer.verified(seq, 2, 1)  # "3" kept; the model wrote 99 where the file has 10
+    seq.output_token_ids = [3, 99, 4, 5]
+    # The latest "4 5" is the file's second (then 6, 12); the copy is at its first.
+    assert proposer.propose(seq, 2) == [6, 11]
+    proposer.verified(seq, 2, 2)  # both kept, then the model's own "4"
+    seq.output_token_ids += [6, 11, 4, 5]
+    # Now the latest "4 5" is the output's own (then 6, 11); the copy is at the file's
+    # second line.
+    assert proposer.propose(seq, 2) == [6, 12]
+
+
+def test_prompt_lookup_forgets_the_copy_when_nothing_matches():
+    proposer = PromptLookupProposer(max_ngram=2, min_ngram=2)
+    seq = seq_of([1, 2, 3, 4, 5, 6, 1, 2, 9, 0, 3, 4])
+    assert proposer.propose(seq, 1) == [5]
+    proposer.verified(seq, 1, 1)
+    seq.output_token_ids = [5, 77, 78]  # new text: no match, the cursor goes
+    assert proposer.propose(seq, 2) == []
+    seq.output_token_ids += [1, 2]
+    assert proposer.propose(seq, 1) == [9]  # the latest "1 2" again
+
+
 def test_adaptive_k_grows_on_full_acceptance_and_shrinks_on_rejection():
     k = AdaptiveK(k_max=8, k=4)
     k.update(4, 4)
@@ -92,11 +121,11 @@ def test_adaptive_k_pauses_after_repeated_first_token_misses():
     assert [k.allow() for _ in range(5)] == [0, 0, 0, 0, 1]
 
 
-def test_speculator_drafts_only_for_greedy_requests_without_penalties():
+def test_speculator_drafts_for_requests_without_penalties():
     spec = Speculator("prompt_lookup", max_draft=4, max_model_len=1000)
     prompt = [1, 2, 3, 4, 1, 2]
     assert spec.draft(seq_of(prompt), limit=10) == [3, 4, 1, 2]
-    assert spec.draft(seq_of(prompt, temperature=0.7), limit=10) == []
+    assert spec.draft(seq_of(prompt, temperature=0.7), limit=10) == [3, 4, 1, 2]
     assert spec.draft(seq_of(prompt, repetition_penalty=1.1), limit=10) == []
     assert spec.draft(seq_of(prompt, presence_penalty=0.5), limit=10) == []
     assert spec.draft(seq_of(prompt, speculative=False), limit=10) == []
