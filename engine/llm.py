@@ -246,7 +246,8 @@ class LLM:
         skipped) while the pool records the |max| of each layer's K and V (per
         KV head with `kv_scales_per_head`); the scales become amax / 448 with
         the calibration margin (engine.kv.quant.CALIBRATION_MARGIN unless
-        given). Cached pages written with the old scales are dropped. With
+        given). Cached pages written with the old scales are dropped, pinned ones
+        included (their pins stay; they are prefilled again). With
         `path`, the scales are also written as the JSON file `kv_scales_file`
         (`resident serve --kv-scales`) reads.
         """
@@ -265,7 +266,7 @@ class LLM:
         if not prompts:
             raise EngineError("give at least one prompt to calibrate on")
         if engine.prefix_cache is not None:
-            engine.prefix_cache.clear()
+            engine.prefix_cache.clear(pinned=True)
         pool.observe(True)
         try:
             for prompt in prompts:  # one at a time: a long set need not fit the cache at once
@@ -274,8 +275,8 @@ class LLM:
         finally:
             pool.observe(False)
         pool.set_scales(*scales, source=source)
-        if engine.prefix_cache is not None:
-            engine.prefix_cache.clear()
+        if engine.prefix_cache is not None:  # pinned pages too: written with the old scales
+            engine.prefix_cache.clear(pinned=True)
         used_margin = CALIBRATION_MARGIN if margin is None else margin
         document = scales_document(pool, engine.kv_rotation, self.config.model, used_margin)
         document["prompts"] = len(prompts)

@@ -231,10 +231,19 @@ class RadixCache:
         self.allocator.release([node.page])
         self.num_pages -= 1
 
-    def clear(self) -> None:
-        """Drop every unpinned page no sequence holds (e.g. after changing KV scales)."""
-        while self.evict(self.num_pages or 1):
-            pass
+    def clear(self, pinned: bool = False) -> None:
+        """Drop every unpinned page no sequence holds; with `pinned`, the pinned ones
+        too, as spilled nodes that keep their pins but are not copied out: after the
+        KV scales change (calibration) their bytes mean nothing, so they are
+        prefilled again."""
+        hook = self.spill
+        if pinned:
+            self.spill = None
+        try:
+            while self.evict(self.num_pages or 1, pinned=pinned):
+                pass
+        finally:
+            self.spill = hook
 
     def _digest(self, page: int) -> bytes:
         assert self.page_bytes is not None

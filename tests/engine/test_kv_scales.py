@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import LLM
+from engine import LLM, SamplingParams
 from engine.attention.deterministic import DeterministicAttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import TorchAttentionBackend
@@ -146,6 +146,22 @@ def test_calibration_over_a_prompt_set_takes_the_max_and_freezes(model_dir, per_
     assert json.loads(path.read_text()) == written
     assert written["format"] == "resident-kv-scales" and written["kv_rotation"] == "hadamard"
     assert written["granularity"] == ("per_head" if per_head else "per_layer")
+
+
+def test_calibration_drops_pinned_pages_written_with_the_old_scales(model_dir):
+    """A pinned prefix keeps its pin but not its pages: they held bytes quantized
+    with the scales calibration replaced, so the next request prefills them."""
+    llm = _llm(model_dir, page_size=4)
+    params = SamplingParams(max_tokens=1, temperature=0)
+    prompt = PROMPT * 2
+    llm.generate([prompt], params)  # first prefill: scales set, pages cached
+    handle = llm.engine.pin_prefix(prompt)
+    assert handle
+    llm.calibrate_kv_scales([OTHER * 3])
+    again = llm.generate([prompt], params)[0]
+    assert again.num_cached_tokens == 0
+    assert llm.generate([prompt], params)[0].num_cached_tokens > 0  # cached anew, and pinned
+    llm.engine.unpin_prefix(handle)
 
 
 def test_scales_file_round_trip_and_rotation_check(model_dir, tmp_path):
