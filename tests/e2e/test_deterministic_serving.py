@@ -22,12 +22,27 @@ PREFIX = "You review Python code carefully. " + " ".join(
 )
 
 
+def _scales_file(folder) -> str:
+    """FP8 scales calibrated on the fast path. Without fixed scales a server calibrates
+    on its 4,096-token built-in sample at start, which in deterministic mode (tiled
+    products, the torch attention backend) takes half a minute here; what this module
+    checks holds for any fixed scales."""
+    from engine import LLM
+
+    path = folder / "scales.json"
+    LLM(MODEL, kv_cache_dtype="fp8_e4m3").calibrate_kv_scales([PREFIX + " " + QUESTIONS[0]], path)
+    return str(path)
+
+
 @pytest.fixture(scope="module", params=["bf16", "fp8_e4m3"])
-def det_server(request):
+def det_server(request, tmp_path_factory):
     if not default_model_present():
         pytest.skip("the default model is not pulled (run `resident models pull` / make setup)")
+    fixed = {}
+    if request.param == "fp8_e4m3":
+        fixed["kv_scales_file"] = _scales_file(tmp_path_factory.mktemp("scales"))
     server = _engine_server(
-        MODEL, None, kv_cache_dtype=request.param, kv_memory_gib=0.25, deterministic=True
+        MODEL, None, kv_cache_dtype=request.param, kv_memory_gib=0.25, deterministic=True, **fixed
     )
     with server:
         client = client_for(server, api_key=None)
