@@ -125,6 +125,26 @@ def test_an_epoch_without_changes_keeps_the_text_whole(tmp_path):
     assert after.epoch == 2
 
 
+def test_changes_at_the_tail_render_the_block_again(tmp_path):
+    make_files(tmp_path, {"a.py": 40, "b.py": 400, "c.py": 40})
+    first = take_snapshot(tmp_path, 1, 10_000, estimate_tokens)
+    (tmp_path / "c.py").write_text("c = 'edited'\n")  # the last file in the block
+    (tmp_path / "d.py").write_text("d = 'added'\n")
+    second = take_snapshot(tmp_path, 2, 10_000, estimate_tokens, previous=first)
+    # The same prefix an update would keep, and no superseded copy of c.py.
+    assert UPDATE not in second.text and second.superseded_bytes == 0
+    assert second.text.startswith(first.text[: first.text.index('<file path="c.py"')])
+    assert [f.path for f in second.files] == ["a.py", "b.py", "c.py", "d.py"]
+    # Once the block holds an update, later changes are appended wherever they sit.
+    (tmp_path / "a.py").write_text("a = 'edited'\n")
+    third = take_snapshot(tmp_path, 3, 10_000, estimate_tokens, previous=second)
+    (tmp_path / "d.py").write_text("d = 'edited'\n")
+    fourth = take_snapshot(tmp_path, 4, 10_000, estimate_tokens, previous=third)
+    assert fourth.text.startswith(third.text) and UPDATE in third.text
+    assert file_blocks(fourth.text[len(third.text) :]) == {"d.py": "d = 'edited'\n"}
+    assert fourth.updates == 2
+
+
 def test_superseded_copies_past_the_bound_render_the_block_again(tmp_path):
     make_files(tmp_path, {"a.py": 40, "b.py": 40, "c.py": 40, "d.py": 40})
     resident = context(tmp_path, superseded_fraction=0.4)

@@ -14,9 +14,10 @@ part at the tail instead:
   file edited in this session thus moves to the tail once and stays there.
   Most new epochs do not render this order: they keep the previous text and
   append the changed files in it (update.py), so even an old file's edit
-  costs only that file. It is rendered when the block is rendered again
-  (too many superseded copies, update.py's bound), and then the kept
-  prefix runs up to the first file changed since that block was rendered.
+  costs only that file. This order is rendered when the changes sit at the
+  tail anyway, or when superseded copies pass update.py's bound; the
+  cached prefix then runs up to the first file changed since the block was
+  last rendered.
 
 Both are deterministic for one repository state (commit times and the
 working tree), so two sessions over the same state render the same tokens

@@ -18,8 +18,9 @@ taken: a new epoch. The snapshot block ends the system message, so the new
 epoch's snapshot can keep the previous block's text and append the changed
 files (update.py): its first request then prefills only those. When the
 copies the updates superseded pass `superseded_fraction` of the current
-files, or the system prompt itself changed (an edited AGENTS.md: nothing is
-cached to keep), the block is rendered again in the stable order.
+files, when the changes sit at the block's tail anyway, or when the system
+prompt itself changed (an edited AGENTS.md: nothing is cached to keep), the
+block is rendered again in the stable order.
 """
 
 from __future__ import annotations

@@ -9,16 +9,18 @@ epoch number, the file count) is written after the files, never before them.
 A new epoch after a full snapshot keeps the previous text byte for byte and
 appends an update section with the changed, added and removed files
 (update.py), so the whole previous block stays a cached prefix wherever the
-edited file sits. When the copies those updates superseded grow past a
-share of the current files, when the block would pass its budget, or after
-a map, the block is rendered again: unchanged files in place, changed and
-added ones at the end (ordering.py), no superseded copies.
+edited file sits. The block is rendered again instead (unchanged files in
+place, changed and added ones at the end: ordering.py; no superseded
+copies) when that keeps as much: the changes sit at the tail of a block
+without updates; and when keeping would cost too much: the superseded
+copies would pass their share of the current files, or the block its
+budget. After a map, a snapshot is taken as the first one is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from html import escape
 from pathlib import Path
 from typing import Literal
@@ -43,6 +45,7 @@ class Snapshot:
     all_files: list[RepoFile]  # current versions, by path
     omitted: list[Omitted] = field(default_factory=list)
     superseded_bytes: int = 0  # out-of-date file copies the text still holds (update.py)
+    updates: int = 0  # update sections appended since the block was last rendered
 
     def stamp_of(self, path: str) -> RepoFile | None:
         return self._by_path.get(path)
@@ -78,8 +81,9 @@ def take_snapshot(
 
     A full snapshot after a full `previous` one is `previous`'s text with the
     changes appended while the superseded copies stay within `max_superseded`
-    of the current files' bytes (None: never); otherwise it is rendered again
-    with the unchanged files in place (ordering.py)."""
+    of the current files' bytes (None: never) and the changes do not all sit
+    at its tail; otherwise it is rendered again with the unchanged files in
+    place (ordering.py)."""
     files, omitted = select_files(workspace, max_file_bytes)
     root_name = workspace.name
     total_bytes = sum(f.size for f in files)
@@ -119,19 +123,23 @@ def _extend(
     count_tokens: Callable[[str], int],
     max_superseded: float | None,
 ) -> Snapshot | None:
-    """`previous`'s text kept and this epoch's changes appended; None when the
-    superseded copies would pass their bound or the text the budget."""
+    """`previous`'s text kept and this epoch's changes appended; None when rendering
+    again is as good (changes only at the tail), or the superseded copies would pass
+    their bound, or the text the budget."""
     if max_superseded is None:
         return None
     changes = find_changes(ordered, previous.files)
+    if not changes:  # a compaction or a new tool list: the block as it was, all cached
+        kept = replace(previous, epoch=epoch, files=ordered, all_files=files, omitted=omitted)
+        return kept if kept.tokens <= budget else None
+    if not previous.updates and changes.only_at_tail(previous.files):
+        return None  # the same prefix rendered again, and no superseded copy
     superseded = previous.superseded_bytes + changes.superseded_bytes
     if superseded > max_superseded * sum(f.size for f in ordered):
         return None
-    if changes:
-        text = previous.text + render_update(epoch, changes, len(ordered), render_file)
-        tokens = count_tokens(text)
-    else:  # a compaction or a new tool list: the block as it was, every token cached
-        text, tokens = previous.text, previous.tokens
+    text = previous.text + render_update(epoch, changes, len(ordered), render_file)
+    tokens = count_tokens(text)
     if tokens > budget:
         return None
-    return Snapshot(epoch, "full", text, tokens, ordered, files, omitted, superseded)
+    updates = previous.updates + 1
+    return Snapshot(epoch, "full", text, tokens, ordered, files, omitted, superseded, updates)

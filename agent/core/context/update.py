@@ -15,6 +15,9 @@ context. snapshot.py keeps the text only while those superseded copies stay
 within a share of the current files' bytes (see DEFAULT_SUPERSEDED_FRACTION)
 and the whole block within the snapshot's token budget; past either, it
 re-renders the block in the stable order (ordering.py), which drops them.
+It re-renders too when all the changes sit at the tail of a block without
+updates (`Changes.only_at_tail`, the usual case for files being worked on):
+that keeps the same prefix and no superseded copy.
 """
 
 from __future__ import annotations
@@ -55,6 +58,15 @@ class Changes:
         """Bytes of the versions this update makes out of date (changed or removed)."""
         replaced = sum(before.size for _, before in self.updated if before is not None)
         return replaced + sum(f.size for f in self.removed)
+
+    def only_at_tail(self, previous: list[RepoFile]) -> bool:
+        """No unchanged file follows the first changed or removed one in `previous`'s
+        order: a block rendered from that order again loses no more of its cached
+        prefix than an update would, and holds no superseded copy."""
+        touched = {f.path for f, _ in self.updated} | {f.path for f in self.removed}
+        paths = [f.path for f in previous]
+        first = next((i for i, path in enumerate(paths) if path in touched), len(paths))
+        return all(path in touched for path in paths[first:])
 
 
 def find_changes(ordered: list[RepoFile], previous: list[RepoFile]) -> Changes:
