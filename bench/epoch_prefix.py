@@ -5,10 +5,13 @@ agent's resident snapshot; the default model prefills that prompt, one file
 is edited, a new epoch's snapshot is rendered and prefilled, and the engine
 reports how many of its tokens came from the prefix cache. Three edited
 files: the one git changed most recently (where work usually is), the
-middle one, and the oldest (the worst case). Each is measured for the
-snapshot order this project uses (agent/core/context/ordering.py) and for
-the earlier layout (files by path, the epoch number in the header), which
-this script reproduces for the comparison.
+middle one, and the oldest (the worst case). Each is measured three ways:
+the new epoch as the agent takes it (the previous block kept, the edited
+file appended in an update section: agent/core/context/update.py); the
+block rendered again in the stable order (ordering.py), what a new epoch
+did before and still does past the superseded-copy bound; and the earlier
+layout (files by path, the epoch number in the header), which this script
+reproduces for the comparison.
 
     python bench/epoch_prefix.py [--files 30]
 
@@ -74,10 +77,12 @@ def prompt(system: str, snapshot_text: str) -> str:
     return f"{system}\n{snapshot_text}\nUser: rename value to amount everywhere.\nAssistant:"
 
 
-def cached_share(llm: LLM, first: str, second: str) -> dict:
+def cached_share(llm: LLM, column: str, first: str, second: str) -> dict:
+    """`column` leads both prompts, so no measurement is served from another's pages
+    (the kept and rendered-again texts are the same when the edit is at the tail)."""
     params = SamplingParams(max_tokens=1, temperature=0.0)
-    llm.generate([first], params)
-    out = llm.generate([second], params)[0]
+    llm.generate([f"{column}\n{first}"], params)
+    out = llm.generate([f"{column}\n{second}"], params)[0]
     total = len(out.prompt_token_ids)
     return {
         "cached_tokens": out.num_cached_tokens,
@@ -107,9 +112,20 @@ def main() -> None:
             path = root / edited
             path.write_text(path.read_text().replace("return value * 3", "return value * 33"))
             second = take_snapshot(root, 2, 100_000, token_counter, previous=first)
-            ours = cached_share(llm, prompt(system, first.text), prompt(system, second.text))
+            again = take_snapshot(
+                root, 2, 100_000, token_counter, previous=first, max_superseded=None
+            )
+            ours = cached_share(
+                llm, "kept", prompt(system, first.text), prompt(system, second.text)
+            )
+            rendered = cached_share(
+                llm, "again", prompt(system, first.text), prompt(system, again.text)
+            )
             old = cached_share(
-                llm, prompt(system, legacy_text(first)), prompt(system, legacy_text(second))
+                llm,
+                "legacy",
+                prompt(system, legacy_text(first)),
+                prompt(system, legacy_text(second)),
             )
             position = [f.path for f in first.files].index(edited)
             results.append(
@@ -117,7 +133,8 @@ def main() -> None:
                     "edited": label,
                     "position_in_new_order": position,
                     "position_by_path": sorted(names).index(edited),
-                    "stable_order": ours,
+                    "kept_with_update": ours,
+                    "stable_order_rendered_again": rendered,
                     "path_order_epoch_in_header": old,
                 }
             )

@@ -1,4 +1,8 @@
-"""The snapshot's file order: stable files lead, and a new epoch keeps its prefix."""
+"""The snapshot's file order: stable files lead, and a block rendered again keeps its prefix.
+
+A new epoch usually keeps the previous text and appends an update
+(test_epoch_update.py); these tests render the block again
+(`max_superseded=None`), as past the superseded-copy bound."""
 
 from __future__ import annotations
 
@@ -51,14 +55,14 @@ def test_the_first_snapshot_puts_what_changed_recently_last(tmp_path):
     assert take_snapshot(repo, 1, 10_000, estimate_tokens).text == first.text
 
 
-def test_a_new_epoch_keeps_unchanged_files_in_place(tmp_path):
+def test_a_block_rendered_again_keeps_unchanged_files_in_place(tmp_path):
     repo = make_repo(tmp_path)
     first = take_snapshot(repo, 1, 10_000, estimate_tokens)
     assert order(first) == ["e.py", "d.py", "c.py", "b.py", "a.py"]
     (repo / "d.py").write_text("# d.py edited\n")
     (repo / "b.py").unlink()
     (repo / "added.py").write_text("# added\n")
-    second = take_snapshot(repo, 2, 10_000, estimate_tokens, previous=first)
+    second = take_snapshot(repo, 2, 10_000, estimate_tokens, previous=first, max_superseded=None)
     assert order(second) == ["e.py", "c.py", "a.py", "added.py", "d.py"]
     # Everything before the first changed file is the same text, epoch number included.
     unchanged = first.text[: first.text.index('<file path="d.py"')]
@@ -70,11 +74,11 @@ def test_an_edit_at_the_tail_keeps_the_whole_rest_of_the_snapshot(tmp_path):
     repo = make_repo(tmp_path)
     first = take_snapshot(repo, 1, 10_000, estimate_tokens)
     (repo / "a.py").write_text("# a.py, the newest file, edited again\n")
-    second = take_snapshot(repo, 2, 10_000, estimate_tokens, previous=first)
+    second = take_snapshot(repo, 2, 10_000, estimate_tokens, previous=first, max_superseded=None)
     before_a = first.text[: first.text.index('<file path="a.py"')]
     assert second.text.startswith(before_a)
     assert before_a.count("<file ") == 4  # all the other files stay cached
-    third = take_snapshot(repo, 3, 10_000, estimate_tokens, previous=second)
+    third = take_snapshot(repo, 3, 10_000, estimate_tokens, previous=second, max_superseded=None)
     assert third.text.split("<snapshot ")[0] == second.text.split("<snapshot ")[0]
 
 

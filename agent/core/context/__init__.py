@@ -1,8 +1,9 @@
 """The resident repository context (DESIGN.md §4).
 
-selection (which files), snapshot (the block), repo_map (when it does not
-fit), agents_md (the repository's instructions), resident (layout, epochs,
-staleness, token accounting).
+selection (which files), snapshot (the block), ordering (its file order),
+update (what a new epoch appends to the kept block), repo_map (when it does
+not fit), agents_md (the repository's instructions), resident (layout,
+epochs, staleness, token accounting).
 """
 
 from agent.core.context.resident import ContextSettings, ResidentContext

@@ -11,8 +11,13 @@ part at the tail instead:
   so it starts out at the tail, where an edit costs little.
 - A new epoch keeps every unchanged file where the previous snapshot had it
   and puts changed and added files after them; removed files drop out. A
-  file edited in this session thus moves to the tail once and stays there,
-  so each later epoch re-reads only the files that are being worked on.
+  file edited in this session thus moves to the tail once and stays there.
+  Most new epochs do not render this order: they keep the previous text and
+  append the changed files in it (update.py), so even an old file's edit
+  costs only that file. This order is rendered when the changes sit at the
+  tail anyway, or when superseded copies pass update.py's bound; the
+  cached prefix then runs up to the first file changed since the block was
+  last rendered.
 
 Both are deterministic for one repository state (commit times and the
 working tree), so two sessions over the same state render the same tokens

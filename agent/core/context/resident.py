@@ -14,7 +14,13 @@ tools too stay fixed within an epoch.
 Edits do not rewrite the snapshot. Before each turn the files shown in full
 are checked (size and mtime); when the changed ones hold more than
 `stale_fraction` of the snapshot, or after a compaction, a new snapshot is
-taken: a new epoch, whose first request prefills again.
+taken: a new epoch. The snapshot block ends the system message, so the new
+epoch's snapshot can keep the previous block's text and append the changed
+files (update.py): its first request then prefills only those. When the
+copies the updates superseded pass `superseded_fraction` of the current
+files, when the changes sit at the block's tail anyway, or when the system
+prompt itself changed (an edited AGENTS.md: nothing is cached to keep), the
+block is rendered again in the stable order.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from agent.core.clients import ChatRequest, LLMClient
 from agent.core.context.agents_md import agents_instructions
 from agent.core.context.selection import DEFAULT_MAX_FILE_BYTES
 from agent.core.context.snapshot import Snapshot, take_snapshot
+from agent.core.context.update import DEFAULT_SUPERSEDED_FRACTION
 from tools import FileStamp, ToolContext
 
 
@@ -38,6 +45,8 @@ from tools import FileStamp, ToolContext
 class ContextSettings:
     snapshot_fraction: float = 0.5  # of the context window, system prompt and tools included
     stale_fraction: float = 0.25  # of the snapshot's bytes changed: take a new snapshot
+    # out-of-date copies a kept block may hold, of its current files' bytes: else re-render
+    superseded_fraction: float = DEFAULT_SUPERSEDED_FRACTION
     compact_fraction: float = 0.8  # of the window used by a prompt: compact the conversation
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
@@ -91,10 +100,13 @@ class ResidentContext:
         if self.catalog is not None:
             self._tools_version = self.catalog.version
             self.tool_schemas = self.catalog.schemas()
+        before = self.system_prompt
         self.system_prompt = prompts.load("system", workspace=str(self.workspace))
         agents = agents_instructions(self.workspace)
         if agents:
             self.system_prompt += "\n" + agents
+        # The block is kept only behind the same system prompt: a cached prefix to extend.
+        keep = self.settings.superseded_fraction if self.system_prompt == before else None
         fixed = self.count(self.system_prompt) + self.count(json.dumps(self.tool_schemas))
         budget = max(0, int(self.window * self.settings.snapshot_fraction) - fixed)
         self.snapshot = take_snapshot(
@@ -105,6 +117,7 @@ class ResidentContext:
             task=task,
             max_file_bytes=self.settings.max_file_bytes,
             previous=self.snapshot,
+            max_superseded=keep,
         )
         self._prefix_tokens = fixed + self.snapshot.tokens
         self._record_reads(self.snapshot)
@@ -155,6 +168,8 @@ class ResidentContext:
     # -- requests ------------------------------------------------------------------
 
     def system_message(self) -> dict[str, Any]:
+        # The snapshot ends the message: a new epoch's update section, appended to the
+        # block, then leaves every earlier token of the message as it was (cached).
         snapshot = self.snapshot.text if self.snapshot else ""
         return {"role": "system", "content": f"{self.system_prompt}\n{snapshot}"}
 
