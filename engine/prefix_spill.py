@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 
 from engine.kv.disk_tier import DamagedPage, PageRecord, chain_keys, page_key, root_key
 from engine.kv.host_tier import HostEntry, HostTier
@@ -70,8 +71,10 @@ def host_budget_bytes(config, device_type: str) -> int:
 
 class PrefixSpill:
     def __init__(self, engine, host_budget: int):
-        self.engine = engine
-        self.cache = engine.prefix_cache
+        # The engine (and its tree, whose `spill` hook is a method of this object)
+        # weakly: a cycle would keep a dropped engine's KV pool alive until the
+        # cycle collector happens to run, gigabytes at a time in a test suite.
+        self._engine = weakref.ref(engine)
         self.pool = engine.pool
         self.allocator = engine.allocator
         self.page_size = engine.config.page_size
@@ -80,6 +83,14 @@ class PrefixSpill:
         self._fingerprint: str | None = None
         self.spilled = self.to_host = self.to_disk = self.dropped = 0
         self.from_host = self.from_disk = 0
+
+    @property
+    def engine(self):
+        return self._engine()
+
+    @property
+    def cache(self):
+        return self.engine.prefix_cache
 
     @property
     def fingerprint(self) -> str:

@@ -135,3 +135,25 @@ def test_a_failing_spill_hook_still_returns_the_pages():
     with pytest.raises(RuntimeError):
         cache.evict(2, pinned=True)
     assert alloc.num_free == 2 and cache.num_pages == 0
+
+
+def test_a_dropped_engine_frees_its_pool_without_the_cycle_collector(tiny_llama_dir):
+    """The tree's spill hook points back at the spill tier: no reference cycle may
+    keep a dropped engine's KV pool alive (a test suite creating many engines ran
+    out of memory before the cycle collector got to them)."""
+    import gc
+    import weakref
+
+    from engine import LLM
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        llm = LLM(str(tiny_llama_dir), kv_memory=0.01)
+        llm.generate([[1, 2, 3, 4, 5]])
+        pool = weakref.ref(llm.engine.pool)
+        del llm
+        assert pool() is None
+    finally:
+        if enabled:
+            gc.enable()
