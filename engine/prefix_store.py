@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -119,12 +120,19 @@ class RestorePlan:
 
 class PrefixStore:
     def __init__(self, engine, root: Path, budget_bytes: int):
-        self.engine = engine
+        # Weakly, like the spill tier: the engine holds this store, and a cycle would
+        # keep a dropped engine's KV pool alive until the cycle collector ran.
+        self._engine = weakref.ref(engine)
         self.fingerprint, self.facts = engine_fingerprint(engine)
         self.tier = DiskTier(root, self.fingerprint, budget_bytes)
         self.page_size = engine.config.page_size
 
+    @property
+    def engine(self):
+        return self._engine()
+
     # ----- save -------------------------------------------------------------------
+
     def collect(self, token_ids: list[int], salt: str = "") -> SaveJob | None:
         """The cached full pages of this prefix as records to write (payloads only for
         pages not on disk yet). Runs on the engine thread; `write` can run anywhere."""

@@ -157,3 +157,23 @@ def test_a_dropped_engine_frees_its_pool_without_the_cycle_collector(tiny_llama_
     finally:
         if enabled:
             gc.enable()
+
+
+def test_a_dropped_engine_with_the_disk_tier_frees_its_pool_too(tiny_llama_dir, tmp_path):
+    """The disk tier's store points back at its engine as well."""
+    import gc
+    import weakref
+
+    from engine import LLM
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        llm = LLM(str(tiny_llama_dir), kv_memory=0.01, kv_disk=True, kv_disk_dir=str(tmp_path))
+        llm.generate([[1, 2, 3, 4, 5]])
+        pool = weakref.ref(llm.engine.pool)
+        del llm
+        assert pool() is None
+    finally:
+        if enabled:
+            gc.enable()
