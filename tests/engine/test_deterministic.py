@@ -11,12 +11,30 @@ from engine.errors import EngineError
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 61, 88, 130, 12, 33, 301, 4, 76, 200, 9, 14, 15, 92] * 4
 
 
-@pytest.fixture(scope="module", params=["bf16", "fp8_e4m3"])
+@pytest.fixture(scope="module")
+def fp8_llama_dir(tiny_llama_dir, tmp_path_factory):
+    """The tiny Llama with every projection FP8 block-scaled (DeepSeek's layout)."""
+    from engine.testing.quantized import as_fp8_block
+
+    folder = tmp_path_factory.mktemp("fp8-llama")
+    path, _ = as_fp8_block(tiny_llama_dir, folder / "model", folder / "reference", block=(16, 16))
+    return path
+
+
+# KV cache dtype, and whether the weights are the FP8 block-scaled checkpoint's (kept
+# packed: `fp8-block-tiled` layers) rather than the dense BF16 ones.
+@pytest.fixture(
+    scope="module",
+    params=[("bf16", False), ("fp8_e4m3", False), ("bf16", True)],
+    ids=["bf16", "fp8_e4m3", "fp8-block-weights"],
+)
 def llm(request, tiny_llama_dir):
+    kv, packed = request.param
+    model = request.getfixturevalue("fp8_llama_dir") if packed else tiny_llama_dir
     return LLM(
-        str(tiny_llama_dir),
+        str(model),
         dtype="bfloat16",
-        kv_cache_dtype=request.param,
+        kv_cache_dtype=kv,
         deterministic=True,
         enable_prefix_caching=False,
     )
@@ -68,29 +86,11 @@ def test_refused_where_not_implemented(tiny_llama_dir, monkeypatch):
         LLM(str(tiny_llama_dir), deterministic=True)
 
 
-@pytest.fixture(scope="module")
-def fp8_llama_dir(tiny_llama_dir, tmp_path_factory):
-    """The tiny Llama with every projection FP8 block-scaled (DeepSeek's layout)."""
-    from engine.testing.quantized import as_fp8_block
-
-    folder = tmp_path_factory.mktemp("fp8-llama")
-    path, _ = as_fp8_block(tiny_llama_dir, folder / "model", folder / "reference", block=(16, 16))
-    return path
-
-
-def test_packed_fp8_weights_stay_packed_and_batch_invariant(fp8_llama_dir):
-    llm = LLM(str(fp8_llama_dir), dtype="bfloat16", deterministic=True, enable_prefix_caching=False)
+def test_packed_fp8_weights_stay_packed(fp8_llama_dir):
+    """The batch invariance of these layers is checked with the others (the `llm` fixture)."""
+    llm = LLM(str(fp8_llama_dir), dtype="bfloat16", deterministic=True)
     methods = llm.stats()["linear_methods"]
     assert methods.get("fp8-block-tiled", 0) > 0 and "fp8-block" not in methods
-    whole = llm.prompt_logits(PROMPT)
-    for chunk in (1, 7, 33):
-        assert torch.equal(llm.prompt_logits(PROMPT, chunk_size=chunk), whole), chunk
-    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0)
-    alone = llm.generate([PROMPT], params)[0].outputs[0]
-    others = [[(11 * i + j) % 300 + 3 for j in range(4 + 5 * i)] for i in range(12)]
-    batch = llm.generate([PROMPT] + others, params)[0].outputs[0]
-    assert batch.token_ids == alone.token_ids
-    assert [lp.logprob for lp in batch.logprobs] == [lp.logprob for lp in alone.logprobs]
 
 
 def test_packed_fp8_deterministic_close_to_the_packed_default_path(fp8_llama_dir):

@@ -137,39 +137,24 @@ def test_a_failing_spill_hook_still_returns_the_pages():
     assert alloc.num_free == 2 and cache.num_pages == 0
 
 
-def test_a_dropped_engine_frees_its_pool_without_the_cycle_collector(tiny_llama_dir):
-    """The tree's spill hook points back at the spill tier: no reference cycle may
-    keep a dropped engine's KV pool alive (a test suite creating many engines ran
-    out of memory before the cycle collector got to them)."""
+@pytest.mark.parametrize("disk", [False, True], ids=["spill-tier", "and-disk-tier"])
+def test_a_dropped_engine_frees_its_pool_without_the_cycle_collector(
+    tiny_llama_dir, tmp_path, disk
+):
+    """The tree's spill hook points back at the spill tier, and the disk tier's store at
+    its engine: no reference cycle may keep a dropped engine's KV pool alive (a test
+    suite creating many engines ran out of memory before the cycle collector got to
+    them)."""
     import gc
     import weakref
 
     from engine import LLM
 
+    tier = {"kv_disk": True, "kv_disk_dir": str(tmp_path)} if disk else {}
     enabled = gc.isenabled()
     gc.disable()
     try:
-        llm = LLM(str(tiny_llama_dir), kv_memory=0.01)
-        llm.generate([[1, 2, 3, 4, 5]])
-        pool = weakref.ref(llm.engine.pool)
-        del llm
-        assert pool() is None
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def test_a_dropped_engine_with_the_disk_tier_frees_its_pool_too(tiny_llama_dir, tmp_path):
-    """The disk tier's store points back at its engine as well."""
-    import gc
-    import weakref
-
-    from engine import LLM
-
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        llm = LLM(str(tiny_llama_dir), kv_memory=0.01, kv_disk=True, kv_disk_dir=str(tmp_path))
+        llm = LLM(str(tiny_llama_dir), kv_memory=0.01, **tier)
         llm.generate([[1, 2, 3, 4, 5]])
         pool = weakref.ref(llm.engine.pool)
         del llm
