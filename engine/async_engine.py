@@ -5,6 +5,11 @@ stepping, reading stats) happens on the engine thread; callers hand it
 commands through a queue and get results back through futures and per-request
 asyncio queues. torch releases the GIL inside its kernels, so the event loop
 stays responsive while a step runs.
+
+The engine thread owns the process's one OpenMP team (engine.host.threads):
+it runs its kernels on every usable core, and the thread that built the
+engine (the server's event loop, the agent's TUI) hands its own pool back and
+runs one thread, so no second team keeps the engine's from spinning.
 """
 
 from __future__ import annotations
@@ -17,13 +22,21 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any
 
+import torch
+
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.errors import WorkerDiedError
+from engine.host.threads import claim_compute_threads, quiet_this_thread, restore_this_thread
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for stream, output in items:
+        stream.put_nowait(output)
 
 
 class EngineDeadError(RuntimeError):
@@ -37,8 +50,16 @@ class AsyncEngine:
         self._commands: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopped = threading.Event()
+        # The engine was sized on this thread (capped at the usable cores, split between
+        # tensor-parallel ranks, or as the user set it); its thread takes the same count.
+        self._compute_threads = torch.get_num_threads()
+        self._claimed = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="resident-engine", daemon=True)
         self._thread.start()
+        self._claimed.wait()
+        # The caller built the engine, so it holds an OpenMP pool; handed back, it no
+        # longer counts against the engine thread's team (restored at shutdown).
+        self._quieted = (threading.get_ident(), quiet_this_thread())
         # A tensor-parallel rank that dies fails every pending request at once, from
         # the thread that saw it, even while the engine thread waits on that rank.
         self.engine.on_failure(self._on_engine_failure)
@@ -70,6 +91,8 @@ class AsyncEngine:
 
     # ----- the engine thread ----------------------------------------------------
     def _loop(self) -> None:
+        claim_compute_threads(self._compute_threads)
+        self._claimed.set()
         while not self._stopped.is_set():
             self._run_commands(block=not self.engine.has_unfinished())
             if self._stopped.is_set() or not self.engine.has_unfinished():
@@ -83,8 +106,7 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 self._fail_all(err)
                 continue
-            for output in outputs:
-                self._deliver(output.request_id, output)
+            self._deliver_step(outputs)
 
     def _run_commands(self, block: bool) -> None:
         try:
@@ -101,6 +123,24 @@ class AsyncEngine:
                 command, future = self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _deliver_step(self, outputs: list[RequestOutput]) -> None:
+        """A step's outputs, one wake-up per event loop rather than one per request: each
+        wake-up is a system call on the engine thread while its OpenMP team waits."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+        for output in outputs:
+            target = self._streams.get(output.request_id)
+            if target is None:
+                continue
+            loop, stream = target
+            if output.finished:
+                self._streams.pop(output.request_id, None)
+            by_loop.setdefault(loop, []).append((stream, output))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the caller's loop is closed
+                pass
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
         target = self._streams.get(request_id)
@@ -240,4 +280,7 @@ class AsyncEngine:
         """Stop the engine thread, then the engine's worker ranks, if any."""
         self._stopped.set()
         self._thread.join(timeout=10)
+        caller, threads = self._quieted
+        if caller == threading.get_ident():
+            restore_this_thread(threads)
         self.engine.close()

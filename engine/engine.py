@@ -18,6 +18,8 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.distributed.executor import make_executor
 from engine.distributed.launch import abandon_ranks, check_no_rank_here, start_ranks
 from engine.errors import EngineError, PromptTooLongError, WorkerDiedError
+from engine.host.cpu_features import describe_cpu
+from engine.host.threads import fit_to_usable_cores
 from engine.kv.pages import PageAllocator
 from engine.kv.radix import RadixCache
 from engine.kv.scales import scales_in_force
@@ -63,6 +65,13 @@ class LLMEngine:
         self.tensor_parallel = config.tensor_parallel_size > 1
         check_no_rank_here(self.tensor_parallel)
         self._threads_before = torch.get_num_threads()
+        if self.device.type == "cpu" and not self.tensor_parallel:
+            threads = fit_to_usable_cores()  # ranks split the cores themselves (start_ranks)
+            log.info(
+                "CPU matrix instructions: %s; %d compute threads",
+                describe_cpu()["cpu_matrix_isa"],
+                threads,
+            )
         # Rank 0 starts the other ranks first, so they load their shards meanwhile.
         workers = self._start_ranks() if self.tensor_parallel else None
         try:
@@ -440,6 +449,9 @@ class LLMEngine:
             "kv_scales": scales_in_force(self.pool, self.kv_rotation),
             "attention_backend": self.runner.backend.name,
             "cpu_kernel": self.cpu_kernel,
+            # The stepping thread's team (this runs on it): engine.host.threads.
+            "compute_threads": torch.get_num_threads(),
+            **(describe_cpu() if self.device.type == "cpu" else {}),
             "weight_bytes": self.weight_bytes,
             "linear_methods": self.linear_methods,
             **self.speculator.stats(),

@@ -54,6 +54,35 @@ def bench_throughput(
     typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))
 
 
+@bench_app.command("serving")
+def bench_serving(
+    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    max_tokens: int = typer.Option(128, min=1, help="Tokens generated per request (EOS ignored)."),
+    concurrency: int = typer.Option(16, min=1, help="Requests at once in the concurrent run."),
+    repeats: int = typer.Option(3, min=1, help="Timed runs per figure; the best counts."),
+    paths: str = typer.Option(
+        "library,async_engine,http", help="Which of library, async_engine, http to measure."
+    ),
+    peer: str = typer.Option(
+        None, help="An OpenAI-compatible server on the same model (llama-server, vLLM) to compare."
+    ),
+    peer_model: str = typer.Option(None, help="The model name the peer expects (its first)."),
+) -> None:
+    """Decode tokens/s through the library, the in-process async engine and HTTP, and a peer."""
+    from engine.benchmarks.serving_paths import PATHS, format_table, run_serving
+
+    chosen = tuple(p.strip() for p in paths.split(",") if p.strip())
+    unknown = sorted(set(chosen) - set(PATHS))
+    if unknown:
+        fail(f"--paths: unknown {', '.join(unknown)}; choose from {', '.join(PATHS)}", code=2)
+    with _usage_errors():
+        result = run_serving(
+            model, max_tokens, concurrency, repeats, peer=peer, peer_model=peer_model, paths=chosen
+        )
+    typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+
+
 @bench_app.command("accuracy")
 def bench_accuracy(
     model: str = typer.Option(

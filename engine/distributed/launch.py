@@ -28,6 +28,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.errors import WorkerDiedError
+from engine.host.threads import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -103,13 +104,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def cpu_threads(local_ranks: int) -> int:

@@ -188,6 +188,13 @@ def test_models_stats_and_metrics(default_server):
     assert len(current["kv_scales"]["k"]) == len(current["kv_scales"]["v"]) == 30
     if expected_dtype == "fp8_e4m3":  # set at start-up as serve sets them, not by a request
         assert current["kv_scales"]["source"] == "sample"
+    # Which matrix instructions the CPU path may use, and the engine thread's team.
+    from engine.host.cpu_features import cpu_features
+    from engine.host.threads import usable_cores
+
+    assert current["cpu_matrix_isa"] == cpu_features().matrix_isa
+    assert current["cpu_features"]["amx_tile"] == cpu_features().amx_tile
+    assert 1 <= current["compute_threads"] <= usable_cores()
     metrics = httpx.get(default_server.url + "/metrics", timeout=60).text
     for name in (
         "resident_http_requests_total",
