@@ -24,6 +24,7 @@ from engine.kv.pages import PageAllocator
 from engine.kv.radix import RadixCache
 from engine.kv.scales import scales_in_force
 from engine.kv.sizing import kv_bytes_per_token
+from engine.layers.cpu_matrix_path import describe_matrix_path
 from engine.layers.linear_methods import describe_methods, model_weight_bytes
 from engine.model_stack import build_model_stack
 from engine.outputs import CompletionOutput, RequestOutput
@@ -68,9 +69,10 @@ class LLMEngine:
         if self.device.type == "cpu" and not self.tensor_parallel:
             threads = fit_to_usable_cores()  # ranks split the cores themselves (start_ranks)
             log.info(
-                "CPU matrix instructions: %s; %d compute threads",
+                "CPU matrix instructions: %s; %d compute threads; grid weights: %s",
                 describe_cpu()["cpu_matrix_isa"],
                 threads,
+                describe_matrix_path()["cpu_prefill_path"],
             )
         # Rank 0 starts the other ranks first, so they load their shards meanwhile.
         workers = self._start_ranks() if self.tensor_parallel else None
@@ -451,7 +453,7 @@ class LLMEngine:
             "cpu_kernel": self.cpu_kernel,
             # The stepping thread's team (this runs on it): engine.host.threads.
             "compute_threads": torch.get_num_threads(),
-            **(describe_cpu() if self.device.type == "cpu" else {}),
+            **({**describe_cpu(), **describe_matrix_path()} if self.device.type == "cpu" else {}),
             "weight_bytes": self.weight_bytes,
             "linear_methods": self.linear_methods,
             **self.speculator.stats(),

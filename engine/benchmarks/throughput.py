@@ -98,11 +98,27 @@ def _engine_run(
 
     return {
         **_rates(generate, prefill, prompts, repeats),
+        **_prefill_by_matrix_path(llm, prefill, repeats),
         "kv_bytes_per_token": llm.engine.pool.layout.values_per_token
         * llm.engine.pool.storage.element_size(),
         "attention_backend": llm.engine.runner.backend.name,
         "cpu_kernel": llm.engine.cpu_kernel,
     }
+
+
+def _prefill_by_matrix_path(llm, prefill, repeats: int) -> dict:
+    """Prefill on each CPU path for grid weights (int8 VNNI, BF16 tiles: AMX where the
+    CPU has it), whichever the engine picks by default; decode steps are not affected
+    (they stay on VNNI below `BF16_MIN_ROWS` rows)."""
+    from engine.layers.cpu_matrix_path import PATHS, describe_matrix_path, use_matrix_path
+
+    if "cpu-grid" not in llm.engine.linear_methods:
+        return {}
+    figures = {}
+    for path in PATHS:
+        with use_matrix_path(path):
+            figures[f"prefill_tok_s_{path}"] = _best_rate(prefill, repeats)
+    return {**figures, **describe_matrix_path()}
 
 
 def _transformers_run(
@@ -150,6 +166,7 @@ def run_throughput(
     repeats: int = 3,
     attention_backend: str | None = None,
 ) -> dict:
+    from engine.host.cpu_features import describe_cpu
     from engine.model_config import load_config
     from engine.model_store import resolve_model
     from engine.tokenizer import load_tokenizer
@@ -179,6 +196,7 @@ def run_throughput(
             "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "device": "cuda" if torch.cuda.is_available() else "cpu",
+            **describe_cpu(),
         },
         "runs": {},
     }

@@ -119,3 +119,55 @@ int grid_matmul(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *
     free(xq), free(dx), free(cx);
     return 0;
 }
+
+/* The codes of one row n of a tile, one group: 32 values in k order, as int32. */
+static inline void group_codes(const uint8_t *src, int bits, int64_t n, __m512i *first,
+                               __m512i *second) {
+    if (bits == 8) {
+        /* vector j, lane n: bytes n*4 .. n*4+3 are k = 4j .. 4j+3 */
+        const int32_t *v = (const int32_t *)src;
+        __m128i lo = _mm_set_epi32(v[48 + n], v[32 + n], v[16 + n], v[n]);
+        __m128i hi = _mm_set_epi32(v[112 + n], v[96 + n], v[80 + n], v[64 + n]);
+        *first = _mm512_cvtepu8_epi32(lo);
+        *second = _mm512_cvtepu8_epi32(hi);
+        return;
+    }
+    /* vector i holds j = 2i in its low nibbles and j = 2i + 1 in its high ones */
+    const int32_t *v = (const int32_t *)src;
+    __m512i bytes = _mm512_cvtepu8_epi32(_mm_set_epi32(v[48 + n], v[32 + n], v[16 + n], v[n]));
+    __m512i low = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
+    __m512i high = _mm512_srli_epi32(bytes, 4);
+    const __m512i a = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i b = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30,
+                                        31);
+    *first = _mm512_permutex2var_epi32(low, a, high);
+    *second = _mm512_permutex2var_epi32(low, b, high);
+}
+
+/* W[N, K] as bfloat16 (d * u + m in float32, rounded to nearest even): for products
+   that run faster on BF16 matrix units (AMX) than on int8 dot products. */
+int grid_dequantize(const uint8_t *weight, const float *scales, int bits, int64_t K, int64_t N,
+                    uint16_t *out, int threads) {
+    const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE;
+    const int64_t group_bytes = bits == 4 ? 256 : 512;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t rows = N - t * TILE < TILE ? N - t * TILE : TILE;
+        for (int64_t g = 0; g < groups; g++) {
+            const uint8_t *src = weight + (t * groups + g) * group_bytes;
+            const float *d = scales + (t * groups + g) * 2 * TILE, *m = d + TILE;
+            for (int64_t n = 0; n < rows; n++) {
+                __m512i first, second;
+                group_codes(src, bits, n, &first, &second);
+                const __m512 dn = _mm512_set1_ps(d[n]), mn = _mm512_set1_ps(m[n]);
+                uint16_t *dst = out + (t * TILE + n) * K + g * GROUP;
+                /* mul then add, not fused: the float32 value the checkpoint holds */
+                __m512 v0 = _mm512_add_ps(_mm512_mul_ps(dn, _mm512_cvtepi32_ps(first)), mn);
+                __m512 v1 = _mm512_add_ps(_mm512_mul_ps(dn, _mm512_cvtepi32_ps(second)), mn);
+                _mm256_storeu_si256((__m256i *)dst, bf16x16_from(v0));
+                _mm256_storeu_si256((__m256i *)(dst + TILE), bf16x16_from(v1));
+            }
+        }
+    }
+    return 0;
+}

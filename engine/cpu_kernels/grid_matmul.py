@@ -79,3 +79,21 @@ def grid_matmul(
     if status != 0:
         raise MemoryError("grid_matmul could not allocate its scratch buffers")
     return out
+
+
+def grid_dequantize(
+    codes: torch.Tensor, scales: torch.Tensor, bits: int, rows: int, cols: int
+) -> torch.Tensor:
+    """The packed weight as a dense bfloat16 [rows, cols]: `step * code + offset` in
+    float32, rounded to nearest even (for BF16 matrix units, AMX)."""
+    out = torch.empty(rows, cols, dtype=torch.bfloat16)
+    library().grid_dequantize(
+        codes.data_ptr(),
+        scales.data_ptr(),
+        bits,
+        cols,
+        rows,
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return out

@@ -46,6 +46,8 @@ _I64, _INT, _FLOAT, _PTR = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.
 _SIGNATURES = {
     # x, x_bf16, M, K, codes, scales, bits, N, bias, out, out_bf16, threads
     "grid_matmul": [_PTR, _INT, _I64, _I64, _PTR, _PTR, _INT, _I64, _PTR, _PTR, _INT, _INT],
+    # codes, scales, bits, K, N, out (bf16), threads
+    "grid_dequantize": [_PTR, _PTR, _INT, _I64, _I64, _PTR, _INT],
     # x, x_bf16, M, K, packed, scales, group, N, bias, out, out_bf16, int8, threads
     "int4_matmul": [_PTR, _INT, _I64, _I64, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _INT, _INT, _INT],
     # x, x_bf16, M, K, weight, scales, blocks, col_offset, block_cols, scale_rows, N, bias,

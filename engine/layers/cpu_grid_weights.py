@@ -14,7 +14,8 @@ kernels read them:
   faster than dense BF16 at 16 rows, 6x at one: `python bench/cpu_kernels.py`,
   docs/BENCHMARKS.md), so these layers drop their dense weight. The weights
   are exact; the activations carry int8 rounding (per group: half a step of
-  max|x|/127; accuracy in docs/CPU_KERNELS.md).
+  max|x|/127; accuracy in docs/CPU_KERNELS.md). Where the CPU has AMX, many
+  rows (prefill) go to BF16 tiles instead (engine/layers/cpu_matrix_path.py).
 - `bf16`: torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`, BF16
   activations, per-group scale and zero: value = (q - 8) * scale + zero); an
   8-bit grid becomes two 4-bit products (high and low nibbles). It loses to a
@@ -33,7 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.cpu_kernels.grid_matmul import grid_matmul, pack_codes
+from engine.cpu_kernels.grid_matmul import pack_codes
+from engine.layers.cpu_matrix_path import grid_product
 from engine.layers.linear_methods import DENSE, GridMethod, MethodLinear, grid_weight_of
 
 GROUP = 32
@@ -125,7 +127,9 @@ class GridWeight:
         return self.codes.numel() + self.scales.numel() * 4
 
     def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        return grid_matmul(x, self.codes, self.scales, self.bits, self.rows, self.bias, out_dtype)
+        """On VNNI, or on BF16 tiles from many rows where the CPU has AMX
+        (engine/layers/cpu_matrix_path.py)."""
+        return grid_product(x, self.codes, self.scales, self.bits, self.rows, self.bias, out_dtype)
 
 
 def _grid_four_bit(q: torch.Tensor, step: torch.Tensor, lo: torch.Tensor) -> GridWeight:
