@@ -136,7 +136,9 @@ async def _stream_completion(client: httpx.AsyncClient, body: dict) -> int:
 
 def _over_http(url: str, model: str, prompts: list[str], max_tokens: int, repeats: int) -> dict:
     async def figures() -> dict:
-        limits = httpx.Limits(max_connections=len(prompts) + 4)
+        # A new connection per request: some servers (llama-server) close a streamed
+        # response's connection, and a pooled one would fail on reuse; the same for all.
+        limits = httpx.Limits(max_connections=len(prompts) + 4, max_keepalive_connections=0)
         async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as client:
 
             async def one(prompt: str) -> int:
