@@ -229,6 +229,13 @@ class MultiProcessExecutor:
                 except Exception as err:
                     log.warning("could not tell the workers to stop (%s); stopping them", err)
             stop_workers(self.workers, grace=STOP_TIMEOUT_S if told else 0.0)
+            if not locked:
+                # A step was still running (a slow machine, or another thread mid-request).
+                # Its collectives fail now that the local workers are gone, and it lets go;
+                # the group must still close, or this process holds rank 0 for good.
+                locked = self._step_lock.acquire(timeout=STOP_TIMEOUT_S)
+                if not locked:
+                    log.warning("a step is stuck on rank 0; the process group was left open")
             if locked:
                 parallel.destroy_distributed()
         finally:

@@ -54,10 +54,24 @@ def _engine_server(model: str, api_key: str | None, **config):
     from engine.config import EngineConfig
 
     engine = AsyncEngine.open(EngineConfig(model=str(model), **config))
-    app = create_app(engine, ServedModel.from_engine(engine, str(model)), api_key=api_key)
-    server = BackgroundServer(app)
+    try:
+        app = create_app(engine, ServedModel.from_engine(engine, str(model)), api_key=api_key)
+        server = BackgroundServer(app)
+    except BaseException:
+        engine.shutdown()
+        raise
     server.engine = engine
     return server
+
+
+def _serving(server):
+    """Run the server for the session; its engine is shut down whatever happens,
+    a server that failed to start included."""
+    try:
+        with server:
+            yield server
+    finally:
+        server.engine.shutdown()
 
 
 @pytest.fixture(scope="session")
@@ -67,9 +81,7 @@ def tiny_server(tmp_path_factory):
     server = _engine_server(
         model_dir, API_KEY, kv_cache_dtype="fp8_e4m3", kv_memory_gib=0.01, max_waiting=4096
     )
-    with server:
-        yield server
-    server.engine.shutdown()
+    yield from _serving(server)
 
 
 def _default_server(kv_cache_dtype: str, kv_memory_gib: float):
@@ -83,18 +95,12 @@ def _default_server(kv_cache_dtype: str, kv_memory_gib: float):
 
 @pytest.fixture(scope="session")
 def fp8_server():
-    server = _default_server("fp8_e4m3", 0.25)
-    with server:
-        yield server
-    server.engine.shutdown()
+    yield from _serving(_default_server("fp8_e4m3", 0.25))
 
 
 @pytest.fixture(scope="session")
 def bf16_server():
-    server = _default_server("bf16", 0.25)
-    with server:
-        yield server
-    server.engine.shutdown()
+    yield from _serving(_default_server("bf16", 0.25))
 
 
 @pytest.fixture(params=["bf16", "fp8_e4m3"])

@@ -117,7 +117,11 @@ def test_resident_serve_starts_answers_and_stops(tmp_path):
         assert reply.status_code == 200, reply.text
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # never leave it running
+            process.kill()
+            process.wait(timeout=30)
     output = log_path.read_text()
     assert "KV cache: fp8_e4m3, capacity" in output and "scales from" in output
     assert "scales from a built-in sample at start-up" in output  # before any request

@@ -23,6 +23,7 @@ __all__ = [
     "CHATML_TEMPLATE",
     "CORPUS",
     "SPECIAL_TOKENS",
+    "assert_greedy_matches_reference",
     "reference_greedy",
     "reference_logits",
     "save_model",
@@ -56,3 +57,18 @@ def reference_greedy(directory: Path, token_ids: list[int], max_new: int, dtype=
             pad_token_id=0,
         )
     return out[0, len(token_ids) :].tolist()
+
+
+def assert_greedy_matches_reference(
+    directory: Path, token_ids: list[int], got: list[int], tol: float, dtype=torch.float32
+) -> int:
+    """The engine's greedy continuation `got` against transformers' on the same model:
+    equal up to transformers' first close call (a top-2 margin within 2 * tol, `tol`
+    being how far the two implementations' logits may differ: tests/engine/agreement.py).
+    Returns how many tokens were compared."""
+    from tests.engine.agreement import assert_greedy_agrees, margins_of_logits
+
+    expected = reference_greedy(directory, token_ids, len(got), dtype)
+    # The logits that chose each expected token: its own sequence, teacher-forced.
+    logits = reference_logits(directory, token_ids + expected, dtype)[len(token_ids) - 1 : -1]
+    return assert_greedy_agrees(got, expected, margins_of_logits(logits), tol)

@@ -12,6 +12,7 @@ from engine.kv.rotation import HadamardRotation
 from engine.layers.layer_ops import CPU_LAYER_OPS, TORCH_LAYER_OPS
 from engine.layers.rotary import RotaryEmbedding, rope_inv_freq
 from engine.model_store import default_model_dir, is_complete
+from tests.engine.agreement import assert_bf16_evaluations_agree, teacher_forced
 from tests.engine.conftest import count_calls
 
 pytestmark = pytest.mark.skipif(
@@ -144,35 +145,62 @@ def test_deterministic_mode_keeps_the_torch_ops(tiny_llama_dir):
     assert _replaced_methods(model) == []
 
 
+# Eight prompts of 24 generated tokens: about 250 positions, so the RMS error of a
+# BF16 evaluation over them is known to a few percent (per prompt it varies by about
+# +-20%, over all of them by about +-5%).
+_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time",
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "def add(a, b):",
+    "import numpy as np\n",
+    "The quick brown fox",
+    "1, 2, 3, 4,",
+]
+_GENERATED = 24
+
+
 @needs_default_model
-def test_default_model_greedy_tokens_are_the_same_with_c_and_torch_ops(monkeypatch):
-    """torch's int4 kernel for the grid weights (exact) and torch attention, so the layer
-    ops are the only difference. Where a near-tie lets the kernels' last-bit differences
-    change a token ("def add(a, b):" at its 9th token, before this change too) the
-    prompt is left out."""
+def test_default_model_logits_agree_with_c_and_torch_ops_within_bf16_rounding(monkeypatch):
+    """torch's int4 kernel for the grid weights and torch attention, so the layer ops are
+    the only difference between the two runs. The C kernels round where torch does, but
+    sum in float32 in another order: a BF16 value may land on its neighbour, and after 30
+    layers that moves the logits as much as BF16 rounding itself does, so greedy tokens
+    may part at a near-tie (they did on an Intel Xeon with AMX, where oneDNN's BF16
+    products differ from AMD's). What is defined is checked instead
+    (tests/engine/agreement.py), on the same token sequences (the C run's own greedy
+    continuations, teacher-forced through prefill and decode steps) against the float32
+    model: within 2B of each other (B: torch's own distance from float32 here), as
+    accurate as torch's (RMS), the same tokens where the margin exceeds 4B.
+
+    A fault shows: the norms' eps taken as 1e-3 instead of 1e-5 makes the C run's RMS
+    error 1.38-1.46 times torch's, SwiGLU's output 3% too large 1.62 (the test allows
+    1.25; unchanged it is 0.96-1.03). A bias of one BF16 step (the norms' output 2^-7
+    too large: 1.09-1.21) is rounding-sized and left to the op-level tests above."""
     from engine import LLM, SamplingParams
 
     calls = count_calls(monkeypatch, kernels, "rms_norm")
+    model_dir = str(default_model_dir())
     llm = LLM(
-        str(default_model_dir()),
+        model_dir,
         dtype="bfloat16",
         kv_cache_dtype="bf16",
         cpu_kernel="bf16",
         attention_backend="torch",
     )
-    prompts = [
-        "The capital of France is",
-        "Once upon a time",
-        "What is the capital of France?",
-        "Write a Python function that reverses a string.",
-    ]
-    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    with_c = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    assert len(calls) >= 23 * 61  # every norm of every step went through the kernel
+    params = SamplingParams(max_tokens=_GENERATED, temperature=0, ignore_eos=True)
+    outputs = llm.generate(_PROMPTS, params)
+    assert len(calls) >= (_GENERATED - 1) * 61  # every norm of every step went through the kernel
+    sequences = [o.prompt_token_ids + o.outputs[0].token_ids for o in outputs]
+    with_c = teacher_forced(llm, sequences, _GENERATED)
     counts = llm.engine.model.use_layer_ops(TORCH_LAYER_OPS)
     assert counts == {"norm": 61, "mlp": 30, "layer": 30, "rotary": 1, "rotation": 0}
-    llm.engine.prefix_cache.clear()
     calls.clear()
-    with_torch = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    with_torch = teacher_forced(llm, sequences, _GENERATED)
     assert not calls
-    assert with_c == with_torch
+    del llm
+    reference = LLM(model_dir, dtype="float32", kv_cache_dtype="auto", attention_backend="torch")
+    exact = torch.cat([reference.prompt_logits(s).float() for s in sequences])
+    measured = assert_bf16_evaluations_agree(with_c, with_torch, exact)
+    print(f"\n[default model] C and torch layer ops: {measured}")

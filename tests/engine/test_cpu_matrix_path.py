@@ -54,10 +54,11 @@ def test_the_bf16_path_agrees_with_the_exact_product_within_bf16_rounding(make):
     with use_matrix_path(BF16, min_rows=64):
         got = packed.matmul(x, torch.float32)
         short = packed.matmul(x[:8], torch.float32)  # under the row threshold: int8
-    # BF16 weights (relative error <= 2^-9 each) and a BF16 output (2^-9 of |y|),
-    # products summed in float32: |error| <= 2^-9 (sum |x||w| + |y|) + float32 slack.
+    # BF16 weights (round to nearest, 8 significant bits: relative error <= 2^-8 each)
+    # and a BF16 output (2^-8 of |y|), products summed in float32:
+    # |error| <= 2^-8 (sum |x||w| + |y|) + float32 slack.
     magnitude = x.float().abs() @ weight.abs().T
-    bound = 2.0**-9 * (magnitude + exact.abs()) + 1e-5 * magnitude
+    bound = 2.0**-8 * (magnitude + exact.abs()) + 1e-5 * magnitude
     assert ((got - exact).abs() <= bound).all()
     with use_matrix_path(INT8):
         assert torch.equal(short, packed.matmul(x[:8], torch.float32))
@@ -92,25 +93,33 @@ def test_cpu_flags_and_the_permission_make_amx():
     assert not asked  # no tiles, no request
 
 
-def test_the_default_model_prefills_on_either_path_to_nearly_the_same_logits():
+def test_the_default_model_prefills_as_accurately_on_either_path():
+    """The two paths round different things (int8 activations per group of 32, BF16
+    weights), so their logits differ; each is an approximation of the float32 model, and
+    the BF16 one is no less accurate (RMS against float32: bf16 0.60x int8's here; a
+    misplaced code in the expansion makes it many times worse)."""
     from engine import LLM
     from engine.model_store import default_model_dir, is_complete
 
     if not is_complete(default_model_dir()):
         pytest.skip("the default model is not fetched (make setup)")
-    llm = LLM(str(default_model_dir()), kv_cache_dtype="bf16", cpu_kernel="int8")
-    prompt = llm.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n" * 8)
+    model_dir = str(default_model_dir())
+    llm = LLM(model_dir, kv_cache_dtype="bf16", cpu_kernel="int8")
+    text = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fib(n - 1)\n" * 6
+    prompt = llm.tokenizer.encode(text)
     with use_matrix_path(INT8):
-        int8 = llm.prompt_logits(prompt)
+        int8 = llm.prompt_logits(prompt).float()
     llm.engine.prefix_cache.clear()
     with use_matrix_path(BF16, min_rows=16):
-        bf16 = llm.prompt_logits(prompt)
+        bf16 = llm.prompt_logits(prompt).float()
     assert int8.shape == bf16.shape and int8.shape[0] > 64
     assert not torch.equal(int8, bf16)  # the paths did differ
-    # Both are approximations of the float32 product (int8 activations, BF16
-    # weights); their next-token choices agree where the int8 path is confident.
-    top_int8, top_bf16 = int8.argmax(-1), bf16.argmax(-1)
-    margin = int8.topk(2, dim=-1).values
-    confident = (margin[:, 0] - margin[:, 1]) > 0.5
-    assert confident.sum() > 10
-    assert torch.equal(top_int8[confident], top_bf16[confident])
+    del llm
+    reference = LLM(model_dir, dtype="float32", kv_cache_dtype="auto", attention_backend="torch")
+    exact = reference.prompt_logits(prompt).float()
+
+    def rms(logits: torch.Tensor) -> float:
+        return float((logits - exact).double().pow(2).mean().sqrt())
+
+    print(f"\n[default model] RMS against float32: int8 {rms(int8):.4f}, bf16 {rms(bf16):.4f}")
+    assert rms(bf16) <= 1.25 * rms(int8)

@@ -1,4 +1,5 @@
-"""Process helpers for the tensor-parallel tests: free ports, children by PID, servers."""
+"""Process helpers for the tensor-parallel tests: free ports, children by PID, servers, and
+time limits that scale with how busy the machine is."""
 
 from __future__ import annotations
 
@@ -8,9 +9,27 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
+# A time limit here is there to turn a hang into a failure, never to measure speed:
+# each is what the step takes on an idle 2-core machine times SLOWDOWN, and more
+# while the machine runs more than it has cores for (two test processes at once
+# make every step about twice as slow). RESIDENT_TEST_SLOWDOWN raises it further.
+SLOWDOWN = float(os.environ.get("RESIDENT_TEST_SLOWDOWN", "10"))
+
+
+def patience(idle_seconds: float) -> float:
+    """A time limit for something that takes about `idle_seconds` on an idle machine."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    busy = os.getloadavg()[0] / cores
+    return idle_seconds * SLOWDOWN * max(1.0, busy)
 
 
 def free_port(*taken: int) -> int:
@@ -63,14 +82,16 @@ def spawned_workers(pid: int) -> list[int]:
     return found
 
 
-def wait_until(condition, timeout: float, what: str, poll: float = 0.1):
-    """Poll `condition` until it returns something true; fail (not hang) after `timeout`."""
+def wait_until(condition, timeout: float, what, poll: float = 0.1):
+    """Poll `condition` until it returns something true; fail (not hang) after `timeout`.
+    `what` names what was awaited: a string, or a function giving one when it fails."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
         time.sleep(poll)
 
 
@@ -84,7 +105,23 @@ def start(command: list[str], log_path: Path) -> subprocess.Popen:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def wait_healthy(process: subprocess.Popen, url: str, log_path: Path, timeout: float = 120):
+@contextmanager
+def running(command: list[str], log_path: Path) -> Iterator[subprocess.Popen]:
+    """A process (`resident serve`, a node) that is stopped by PID on the way out however
+    the test ended, and what it started (its worker ranks, multiprocessing's resource
+    tracker) killed if it outlived it."""
+    process = start(command, log_path)
+    try:
+        yield process
+    finally:
+        started = children(process.pid) if process.poll() is None else []
+        stop(process)
+        kill_all(started)
+
+
+def wait_healthy(process: subprocess.Popen, url: str, log_path: Path, timeout: float | None = None):
+    """`resident serve` answering /health; it starts in about 10 s on an idle machine."""
+
     def healthy() -> bool:
         assert process.poll() is None, log_path.read_text()
         try:
@@ -92,11 +129,13 @@ def wait_healthy(process: subprocess.Popen, url: str, log_path: Path, timeout: f
         except httpx.TransportError:
             return False
 
-    wait_until(healthy, timeout, f"{url}/health\n{log_path.read_text()}", poll=0.25)
+    limit = patience(12) if timeout is None else timeout
+    wait_until(healthy, limit, lambda: f"{url}/health\n{log_path.read_text()}", poll=0.25)
 
 
-def stop(process: subprocess.Popen, timeout: float = 30) -> int:
+def stop(process: subprocess.Popen, timeout: float | None = None) -> int:
     """SIGTERM by PID, then SIGKILL if it does not exit; returns the exit code."""
+    timeout = patience(3) if timeout is None else timeout
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:

@@ -14,6 +14,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.errors import EngineError
+from tests.engine.agreement import assert_outputs_agree
 from tests.engine.distributed.helpers import is_running, kill_all
 
 SETTINGS = dict(
@@ -27,10 +28,13 @@ SETTINGS = dict(
 _rng = random.Random(15)
 PROMPTS = [[_rng.randrange(3, 320) for _ in range(n)] for n in (41, 7, 70, 23)]
 SHARED = [_rng.randrange(3, 320) for _ in range(64)]  # four full pages
+# float32: TP 2 sums each product's halves, then all-reduces them, in another order
+# than TP 1; logits move by about 1e-6. Logprobs then move by at most twice the bound.
+LOGITS_TOL = 1e-4
 GREEDY = SamplingParams(max_tokens=10, temperature=0, logprobs=2, ignore_eos=True)
 PARAMS = [
     GREEDY,
-    SamplingParams(max_tokens=6, temperature=0, logprobs=1, prompt_logprobs=1, ignore_eos=True),
+    SamplingParams(max_tokens=6, temperature=0, logprobs=2, prompt_logprobs=1, ignore_eos=True),
     SamplingParams(max_tokens=12, temperature=0.8, seed=7, logprobs=1, ignore_eos=True),
     GREEDY,
 ]
@@ -43,15 +47,26 @@ def _run(llm: LLM):
     return batch, first, second
 
 
-def _assert_same(tp1, tp2) -> None:
-    assert tp2.outputs[0].token_ids == tp1.outputs[0].token_ids
-    for a, b in zip(tp1.outputs[0].logprobs, tp2.outputs[0].logprobs, strict=True):
+def _assert_same(tp1, tp2, params: SamplingParams = GREEDY) -> None:
+    """Greedy: the same tokens up to TP 1's first close call (tests/engine/agreement.py),
+    with their logprobs and those of the alternatives both list within the tolerance.
+    Sampled (a seeded generator, the same draws on both): the same tokens, unless one of
+    the 12 draws falls within about 1e-6 of a boundary between two tokens' cumulative
+    probabilities (about 1e-5 in all): kept exact, as the sharper check."""
+    want, got = tp1.outputs[0], tp2.outputs[0]
+    if params.temperature == 0:
+        compared = assert_outputs_agree(got, want, LOGITS_TOL)
+    else:
+        assert got.token_ids == want.token_ids
+        compared = len(want.token_ids)
+    for a, b in list(zip(want.logprobs, got.logprobs, strict=True))[:compared]:
         assert b.token_id == a.token_id
-        assert abs(b.logprob - a.logprob) < 1e-4
-        assert b.top.keys() == a.top.keys()
+        assert abs(b.logprob - a.logprob) <= 2 * LOGITS_TOL
+        for token in a.top.keys() & b.top.keys():
+            assert abs(b.top[token] - a.top[token]) <= 2 * LOGITS_TOL
     if tp1.prompt_logprobs is not None:
         for a, b in zip(tp1.prompt_logprobs[1:], tp2.prompt_logprobs[1:], strict=True):
-            assert abs(b.logprob - a.logprob) < 1e-4
+            assert abs(b.logprob - a.logprob) <= 2 * LOGITS_TOL
 
 
 @pytest.fixture(scope="module")
@@ -61,20 +76,24 @@ def tp1_outputs(tiny_llama_dir):
         return _run(llm)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def tp2(tiny_llama_dir, tp1_outputs):  # after TP 1: a process holds one rank at a time
+    """A TP 2 engine of the test's own (no test depends on what another did to one),
+    closed and its workers gone by PID whatever the test did."""
     llm = LLM(str(tiny_llama_dir), tensor_parallel_size=2, **SETTINGS)
     pids = [w.pid for w in llm.engine.executor.workers]
-    yield llm
-    llm.close()
-    kill_all(pids)
+    try:
+        yield llm
+    finally:
+        llm.close()
+        kill_all(pids)
 
 
 def test_tp2_matches_tp1_with_batching_and_a_prefix_hit(tp2, tp1_outputs):
     batch, first, second = _run(tp2)
     tp1_batch, tp1_first, tp1_second = tp1_outputs
-    for tp1, out in zip(tp1_batch, batch, strict=True):
-        _assert_same(tp1, out)
+    for tp1, out, params in zip(tp1_batch, batch, PARAMS, strict=True):
+        _assert_same(tp1, out, params)
     _assert_same(tp1_first, first)
     assert second.num_cached_tokens == 64  # the shared prefix came from the cache
     _assert_same(tp1_second, second)  # ... and gives what TP 1 computed cold

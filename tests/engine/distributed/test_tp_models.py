@@ -4,8 +4,8 @@ Each family's split layers (column/row-parallel linears, vocab-parallel
 embedding and head, GQA heads split with replicated KV heads at TP 4, MLA
 heads split over a replicated latent, MoE experts split inside or dealt
 whole, FP8 and INT4 checkpoints kept packed) must give the logits of TP 1 up
-to float32 summation order, and the same greedy tokens, with float32, BF16
-and FP8 KV caches, in a batch of prompts of different lengths and on a
+to float32 summation order, and the same greedy tokens wherever that order cannot
+decide them, with float32, BF16 and FP8 KV caches, in a batch of prompts of different lengths and on a
 prefix-cache hit. Everything runs through `LLM(..., tensor_parallel_size=N)`:
 rank 0 here, worker processes for the other ranks.
 """
@@ -13,7 +13,6 @@ rank 0 here, worker processes for the other ranks.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from engine.testing.checkpoints import (
     build_deepseek_v3,
@@ -22,6 +21,7 @@ from engine.testing.checkpoints import (
     tiny_glm4,
     tiny_llama,
 )
+from tests.engine.agreement import assert_outputs_agree
 from tests.engine.distributed.tp_cases import run_case
 
 # float32 weights and activations: the ranks sum the same products in another
@@ -73,11 +73,19 @@ def test_split_models_match_one_process(models, world, case):
     name, kv, expert_parallel = case
     one = run_case(models[name], kv, expert_parallel, 1)
     many = run_case(models[name], kv, expert_parallel, world)
-    assert many["tokens"] == one["tokens"]
-    assert many["cold"] == one["cold"] == many["warm"]
-    assert many["warm_cached"] > 0
     atol = FLOAT32_LOGITS_ATOL if kv == "auto" else ROUNDED_KV_LOGITS_ATOL
     diff = (many["logits"] - one["logits"]).abs().max().item()
     assert diff <= atol, f"logits differ by {diff}"
-    lp = torch.tensor(sum(many["logprobs"], [])) - torch.tensor(sum(one["logprobs"], []))
-    assert lp.abs().max().item() <= atol
+    # Greedy tokens: the same wherever a choice is decided by more than the logits can
+    # move (a random tiny model has near-ties; which way one goes is rounding), and the
+    # logprobs of the tokens compared within the tolerance.
+    for got, want in zip(many["outputs"], one["outputs"], strict=True):
+        compared = assert_outputs_agree(got, want, atol)
+        pairs = zip(want.logprobs, got.logprobs, strict=True)
+        lp = [b.logprob - a.logprob for a, b in pairs][:compared]
+        assert all(abs(d) <= 2 * atol for d in lp), lp  # logits within atol: 2 atol
+    assert_outputs_agree(many["cold"], one["cold"], atol)
+    # The cached prefix is computed as it was stored, but the uncached tail is a
+    # smaller matrix product, summed in another order.
+    assert_outputs_agree(many["warm"], many["cold"], atol)
+    assert many["warm_cached"] > 0

@@ -9,8 +9,8 @@ SHARED_PREFIX = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 
 
 
 def run_case(model_dir: str, kv: str, expert_parallel: bool, tp: int) -> dict:
-    """Greedy tokens and their logprobs for a batch of prompts, prefill logits, and a
-    prefix-cache hit, through `LLM(..., tensor_parallel_size=tp)`."""
+    """Greedy outputs (tokens, top-2 logprobs) for a batch of prompts, prefill logits, and
+    a prefix-cache hit, through `LLM(..., tensor_parallel_size=tp)`."""
     with LLM(
         model_dir,
         dtype="float32",
@@ -19,17 +19,17 @@ def run_case(model_dir: str, kv: str, expert_parallel: bool, tp: int) -> dict:
         tensor_parallel_size=tp,
         expert_parallel=expert_parallel and tp > 1,
     ) as llm:
-        greedy = SamplingParams(max_tokens=6, temperature=0, logprobs=0, ignore_eos=True)
+        # Top-2 logprobs: each greedy choice's margin (tests/engine/agreement.py).
+        greedy = SamplingParams(max_tokens=6, temperature=0, logprobs=2, ignore_eos=True)
         batch = llm.generate(PROMPTS, greedy)
         logits = llm.prompt_logits(PROMPTS[2])
         cold = llm.generate([SHARED_PREFIX + [7]], greedy)[0]
         warm = llm.generate([SHARED_PREFIX + [7]], greedy)[0]
         return {
-            "tokens": [out.outputs[0].token_ids for out in batch],
-            "logprobs": [[lp.logprob for lp in out.outputs[0].logprobs] for out in batch],
+            "outputs": [out.outputs[0] for out in batch],
             "logits": logits,
-            "cold": cold.outputs[0].token_ids,
-            "warm": warm.outputs[0].token_ids,
+            "cold": cold.outputs[0],
+            "warm": warm.outputs[0],
             "warm_cached": warm.num_cached_tokens,
             "methods": llm.stats().get("linear_methods"),
         }
