@@ -1,6 +1,7 @@
 """One-GPU check of the Triton attention backend (H200): correctness, kernel timings, end to end.
 
     python bench/gpu_check.py --out gpu_check.json            # the H200 run, under 8 minutes
+    python bench/gpu_check.py --quick                         # all parts in 6 minutes, verdicts
     python bench/gpu_check.py --dry-run                       # the plan only: shapes, bytes, splits
     TRITON_INTERPRET=1 python bench/gpu_check.py --smoke      # tiny rehearsal on CPU (tested)
 
@@ -335,7 +336,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget-s", type=float, default=400.0, help="no e2e run starts after this many seconds"
     )
+    parser.add_argument("--quick", action="store_true", help="bench/gpu_check_quick.py's run")
     args = parser.parse_args(argv)
+    if args.quick:
+        from bench.gpu_check_quick import run_quick
+
+        return run_quick(args.out)
     cfg = SMOKE if args.smoke else FULL
     mode = "smoke" if args.smoke else "full"
     if args.dry_run:

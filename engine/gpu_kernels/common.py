@@ -26,9 +26,25 @@ import triton
 import triton.language as tl
 
 from engine.attention.triton import interpreting
-from engine.gpu_kernels.layout import FP8
+from engine.attention.triton.target import capability
+from engine.gpu_kernels.layout import DENSE, FP8, INT4
 
-__all__ = ["dot_config", "interpreting", "load_act_tile", "load_weight_tile"]
+__all__ = [
+    "KIND_DENSE",
+    "KIND_FP8",
+    "KIND_INT4",
+    "dot_config",
+    "interpreting",
+    "load_act_tile",
+    "load_weight_tile",
+]
+
+# The weight kinds as jit code may read them. Triton's compiler reads only module
+# globals made with tl.constexpr (its interpreter reads any, so a plain int passes
+# the CPU tests and fails to compile on a GPU, as layout.INT4 once did).
+KIND_DENSE = tl.constexpr(DENSE)
+KIND_FP8 = tl.constexpr(FP8)
+KIND_INT4 = tl.constexpr(INT4)
 
 
 @triton.jit
@@ -57,13 +73,12 @@ def load_weight_tile(
     """
     mask = k_mask[:, None] & n_mask[None, :]
     scales = tl.full(n.shape, 1.0, tl.float32)
-    # KIND is layout.FP8 (1) or layout.INT4 (2), else DENSE: jit code reads no plain globals.
-    if KIND == 1:
+    if KIND == KIND_FP8:
         raw = tl.load(w_ptr + n[None, :] * stride_wn + k[:, None], mask=mask, other=0)
         w = raw.to(tl.float8e4nv, bitcast=True).to(DOT)
         scale_ptrs = s_ptr + (n // SCALE_N) * stride_sn + (k0 // SCALE_K) * stride_sk
         scales = tl.load(scale_ptrs, mask=n_mask, other=0.0)
-    elif KIND == 2:
+    elif KIND == KIND_INT4:
         words = tl.load(w_ptr + n[None, :] * stride_wn + (k // 8)[:, None], mask=mask, other=0)
         # Arithmetic shift of the signed word, then the nibble: 0..15 -> -8..7.
         q = ((words >> ((k % 8) * 4)[:, None]) & 0xF) - 8
@@ -101,7 +116,7 @@ def load_act_tile(
     """
     mask = row_mask[:, None] & k_mask[None, :]
     ptrs = a_ptr + rows[:, None] * stride_am + k[None, :]
-    if KIND == 1:
+    if KIND == KIND_FP8:
         a = tl.load(ptrs, mask=mask, other=0).to(tl.float8e4nv, bitcast=True).to(DOT)
         scales = tl.load(as_ptr + rows * stride_asm + k0 // SCALE_K, mask=row_mask, other=0.0)
     else:
@@ -123,7 +138,8 @@ def dot_config(act_dtype: torch.dtype, kind: int, device: torch.device) -> tuple
     if interpreting() or (act_dtype == torch.float32 and kind != FP8):
         return tl.float32, "ieee"
     if kind == FP8:
-        if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
+        gpu = capability(device)  # the planned GPU's too, for the compile check
+        if gpu is not None and gpu >= (8, 9):
             return tl.float8e4nv, "tf32"
         return tl.bfloat16, "tf32"
     return (tl.float16 if act_dtype == torch.float16 else tl.bfloat16), "tf32"

@@ -8,11 +8,17 @@ The GEMMs then multiply e4m3 activations by e4m3 weights and apply
 product (fp8_block.py, fused_moe.py).
 
 `quantize_activations_reference` is the torch definition (torch's casts are
-the reference for FP8, DESIGN.md §3). The Triton kernel divides with IEEE
-round-to-nearest (div_rn), as torch does, so on a GPU its bytes and scales
-equal the reference's. Under TRITON_INTERPRET=1 its float->e4m3 cast is
-wrong (it drops the carry when rounding up crosses a power of two, -1.9453
--> -1.0, and flushes e4m3 subnormals to zero), so `quantize_activations`,
+the reference for FP8, DESIGN.md §3). Both compute the same float32
+operations: `scale = amax / 448` and `x / scale`, each one IEEE division
+rounded to nearest (div_rn in the kernel), so on a GPU the kernel's bytes and
+scales equal the reference's. The reference divides by tensors, never by a
+Python number: CUDA torch computes `t / 448.0` as `t * (1 / 448.0)`, one
+rounding more, which made its scales differ from the kernel's in the last
+bit on an H200 (and moved 2 of 7,168 bytes at 1 x 7168).
+
+Under TRITON_INTERPRET=1 the kernel's float->e4m3 cast is wrong (it drops
+the carry when rounding up crosses a power of two, -1.9453 -> -1.0, and
+flushes e4m3 subnormals to zero), so `quantize_activations`,
 the entry point the GEMM wrappers use, runs the torch reference on CPU and
 the kernel only on CUDA tensors; the interpreter tests check the kernel's
 scales on any input and its values on inputs that need no rounding.
@@ -24,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.attention.triton.target import on_gpu
 from engine.gpu_kernels.layout import (
     ACT_AMAX_EPS,
     FLOAT_ACTS,
@@ -74,6 +81,11 @@ def _check(x: torch.Tensor, group: int) -> None:
         raise ValueError(f"group must be a power of two >= 16, got {group}")
 
 
+def groups_per_program(groups: int, group: int) -> int:
+    """BLOCK_G: the groups of one row a program quantizes (a power of two)."""
+    return max(1, min(triton.next_power_of_2(groups), ELEMENTS_PER_PROGRAM // group))
+
+
 def quantize_activations_reference(
     x: torch.Tensor, group: int = FP8_BLOCK
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,7 +96,9 @@ def quantize_activations_reference(
     padded = x.new_zeros(m, groups * group, dtype=torch.float32)
     padded[:, :k] = x.float()
     blocks = padded.view(m, groups, group)
-    scales = blocks.abs().amax(dim=-1).clamp_min(ACT_AMAX_EPS) / FP8_MAX
+    amax = blocks.abs().amax(dim=-1).clamp_min(ACT_AMAX_EPS)
+    # Tensor / tensor is IEEE division on CPU and CUDA alike (see the module doc).
+    scales = amax / torch.full_like(amax, FP8_MAX)
     values = (blocks / scales[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return values.view(m, groups * group)[:, :k].contiguous(), scales
 
@@ -101,7 +115,7 @@ def quantize_activations_triton(
     if m == 0 or k == 0:
         return values, scales
     x = dense_last(x)
-    block_g = max(1, min(triton.next_power_of_2(groups), ELEMENTS_PER_PROGRAM // group))
+    block_g = groups_per_program(groups, group)
     grid = (m, triton.cdiv(groups, block_g))
     _act_quant_kernel[grid](
         x,
@@ -121,7 +135,7 @@ def quantize_activations_triton(
 def quantize_activations(
     x: torch.Tensor, group: int = FP8_BLOCK
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Triton kernel on CUDA tensors; torch's reference elsewhere (the interpreter's cast is wrong)."""
-    if x.is_cuda:
+    """The Triton kernel on GPU tensors; torch's reference elsewhere (the interpreter's cast is wrong)."""
+    if on_gpu(x):
         return quantize_activations_triton(x, group)
     return quantize_activations_reference(x, group)

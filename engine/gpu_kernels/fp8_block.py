@@ -27,7 +27,13 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.gpu_kernels.common import dot_config, interpreting, load_act_tile, load_weight_tile
+from engine.gpu_kernels.common import (
+    KIND_FP8,
+    dot_config,
+    interpreting,
+    load_act_tile,
+    load_weight_tile,
+)
 from engine.gpu_kernels.fp8_act_quant import quantize_activations
 from engine.gpu_kernels.layout import (
     FLOAT_ACTS,
@@ -86,9 +92,9 @@ def _fp8_block_kernel(
         k = k0 + tl.arange(0, BLOCK_K)
         k_mask = k < K
         a, a_scale = load_act_tile(a_ptr, as_ptr, rows, k, k0, row_mask, k_mask, stride_am,
-                                   stride_asm, FP8, SCALE_K, DOT)  # fmt: skip
+                                   stride_asm, KIND_FP8, SCALE_K, DOT)  # fmt: skip
         w, w_scale = load_weight_tile(w_ptr, ws_ptr, n, k, k0, n_mask, k_mask, stride_wn,
-                                      stride_wsn, stride_wsk, FP8, SCALE_N, SCALE_K, DOT)  # fmt: skip
+                                      stride_wsn, stride_wsk, KIND_FP8, SCALE_N, SCALE_K, DOT)  # fmt: skip
         acc += tl.dot(a, w) * (a_scale[:, None] * w_scale[None, :])
     c_ptrs = c_ptr + rows[:, None] * stride_cm + n[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & n_mask[None, :])

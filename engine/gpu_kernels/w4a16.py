@@ -24,7 +24,14 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.gpu_kernels.common import dot_config, interpreting, load_act_tile, load_weight_tile
+from engine.gpu_kernels.common import (
+    KIND_DENSE,
+    KIND_INT4,
+    dot_config,
+    interpreting,
+    load_act_tile,
+    load_weight_tile,
+)
 from engine.gpu_kernels.layout import (
     FLOAT_ACTS,
     INT4,
@@ -79,23 +86,29 @@ def _w4a16_kernel(
         k = k0 + tl.arange(0, BLOCK_K)
         k_mask = k < K  # the tail tile: masked activations are 0, so padding nibbles add nothing
         a, _ = load_act_tile(a_ptr, a_ptr, rows, k, k0, row_mask, k_mask, stride_am, 0,
-                             0, 1, DOT)  # fmt: skip
+                             KIND_DENSE, 1, DOT)  # fmt: skip
         w, _ = load_weight_tile(w_ptr, s_ptr, n, k, k0, n_mask, k_mask, stride_wn, stride_sn, 1,
-                                INT4, 1, GROUP, DOT)  # fmt: skip
+                                KIND_INT4, 1, GROUP, DOT)  # fmt: skip
         acc += tl.dot(a, w, input_precision=PRECISION)
     c_ptrs = c_ptr + rows[:, None] * stride_cm + n[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & n_mask[None, :])
 
 
 def tiles(m: int) -> dict:
-    """BLOCK_M/N/K, warps and pipeline stages for M rows (the interpreter: smallest tiles)."""
+    """BLOCK_M/N/K, warps and pipeline stages for M rows (the interpreter: smallest tiles).
+
+    8 warps: unpacking a weight tile with its group scales in registers needs
+    more than 4 warps have. With 4, sm_90 spilled 252 B/thread (Triton 3.9)
+    at the decode tiles and 608 B (Triton 3.6) at 64 x 128; with 8, none
+    (`python -m engine.kernel_check` measures it; docs/BENCHMARKS.md).
+    """
     if interpreting():
         return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, num_warps=1, num_stages=1)
     if m <= 16:
-        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
+        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=8, num_stages=4)
     if m <= 64:
-        return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
-    return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3)
+        return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=8, num_stages=4)
+    return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
 
 
 def w4a16_gemm(

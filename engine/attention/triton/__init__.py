@@ -10,6 +10,7 @@ The kernels themselves live in one module each:
 - prefill:    a chunk of queries over its cached, paged prefix and itself, causal
 - mla_decode: absorbed MLA queries over latent rows, split + the same merge
 - backend:    TritonAttentionBackend, the interface the torch backend implements
+- target:     the GPU a launch is sized for (its own, or the compile check's)
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ from __future__ import annotations
 import os
 
 _TRUE = ("1", "true", "on", "yes")
+# The Triton releases every kernel here (and in engine/gpu_kernels) was compiled
+# with for sm_90 by `python -m engine.kernel_check` without a problem: 3.5, 3.6,
+# 3.8 and 3.9. Triton 3.4 and older were never checked (the check itself needs
+# 3.5's launch binder), so the engine refuses them at start rather than meet a
+# compile error in the middle of a request.
+OLDEST_TRITON = (3, 5)
+NEWEST_CHECKED_TRITON = (3, 9)
 
 
 def triton_available() -> bool:
@@ -33,4 +41,38 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUE
 
 
-__all__ = ["interpreting", "triton_available"]
+def triton_version() -> tuple[int, int] | None:
+    """The installed Triton's (major, minor), read from its package metadata (no import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        text = version("triton")
+    except PackageNotFoundError:
+        return None
+    parts = text.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def triton_version_problem() -> str | None:
+    """Why the installed Triton cannot run the engine's kernels, or None when it can."""
+    found = triton_version()
+    if found is None or found >= OLDEST_TRITON:
+        return None
+    oldest = ".".join(map(str, OLDEST_TRITON))
+    return (
+        f"Triton {found[0]}.{found[1]} is installed; the GPU kernels need Triton {oldest} or "
+        f"newer (pip install 'triton>={oldest}', or a torch build that brings one: "
+        "torch 2.11's CUDA build pins Triton 3.6)"
+    )
+
+
+def triton_untested(found: tuple[int, int] | None = None) -> bool:
+    """Whether the installed Triton is newer than any the compile check has run with."""
+    found = triton_version() if found is None else found
+    return found is not None and found > NEWEST_CHECKED_TRITON
+
+
+__all__ = ["interpreting", "triton_available", "triton_version", "triton_version_problem"]

@@ -16,15 +16,24 @@ own write runs instead of the kernel.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.triton import interpreting
+from engine.attention.triton import (
+    interpreting,
+    triton_untested,
+    triton_version,
+    triton_version_problem,
+)
 from engine.attention.triton.common import step_tables
 from engine.attention.triton.decode import gqa_decode
 from engine.attention.triton.kv_write import write_gqa, write_mla
 from engine.attention.triton.mla_decode import mla_decode
 from engine.attention.triton.prefill import prefill_attention
+
+log = logging.getLogger(__name__)
 
 
 def _needs_pool_write(pool, layer: int) -> bool:
@@ -47,6 +56,19 @@ class TritonAttentionBackend:
     name = "triton"
 
     def __init__(self, fallback=None):
+        # The engine builds its backend at start: a Triton too old for the kernels
+        # is reported here, not as a compile error in the middle of a request.
+        problem = triton_version_problem()
+        if problem is not None:
+            from engine.errors import EngineError
+
+            raise EngineError(problem)
+        if triton_untested():
+            log.warning(
+                "Triton %s is newer than any the kernels were compile-checked with; "
+                "python -m engine.kernel_check checks this one",
+                ".".join(map(str, triton_version() or ())),
+            )
         # With a fallback ("auto"), tensors the kernels cannot run on (CPU
         # without the interpreter) go to it; without one they are an error.
         self.fallback = fallback

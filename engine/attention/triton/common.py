@@ -26,7 +26,6 @@ FP8_MAX_VALUE = tl.constexpr(FP8_MAX)
 MIN_SPLIT_TOKENS = 256
 # Programs to aim for per streaming multiprocessor when choosing a split count.
 PROGRAMS_PER_SM = 2
-INTERPRETER_SMS = 4  # the interpreter has no GPU to ask; small, like the test shapes
 
 
 @triton.jit
@@ -107,18 +106,6 @@ def step_tables(meta, page_size: int) -> StepTables:
     )
     store["_triton_tables"] = tables
     return tables
-
-
-_SM_COUNTS: dict[int, int] = {}
-
-
-def sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return INTERPRETER_SMS
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNTS:
-        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNTS[index]
 
 
 def plan_splits(

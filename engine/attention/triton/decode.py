@@ -24,8 +24,8 @@ from engine.attention.triton.common import (
     dot_config,
     load_as,
     plan_splits,
-    sm_count,
 )
+from engine.attention.triton.target import sm_count
 
 BLOCK_N = 32  # context positions per tile
 NUM_WARPS = 4
@@ -193,6 +193,14 @@ def split_buffers(
     return part_out, part_lse
 
 
+def split_plan(
+    batch: int, kv_heads: int, max_len: int, device: torch.device, split_tokens: int | None = None
+) -> tuple[int, int]:
+    """(splits, tokens per split) of a decode step: one program per sequence and KV head
+    per split (the compile check plans its merge widths with this too)."""
+    return plan_splits(batch * kv_heads, max_len, BLOCK_N, sm_count(device), split_tokens)
+
+
 def gqa_decode(
     q: torch.Tensor,
     storage: torch.Tensor,
@@ -215,9 +223,7 @@ def gqa_decode(
     if q.stride(-1) != 1:
         q = q.contiguous()
     group = q_heads // kv_heads
-    splits, split_size = plan_splits(
-        batch * kv_heads, tables.max_seq_len, BLOCK_N, sm_count(q.device), split_tokens
-    )
+    splits, split_size = split_plan(batch, kv_heads, tables.max_seq_len, q.device, split_tokens)
     part_out, part_lse = split_buffers(batch, q_heads, splits, head_dim, q.device)
     dot, precision = dot_config(q.dtype)
     _gqa_decode_split_kernel[(batch, kv_heads, splits)](

@@ -24,9 +24,9 @@ from engine.attention.triton.common import (
     dot_config,
     load_as,
     plan_splits,
-    sm_count,
 )
 from engine.attention.triton.decode import merge_splits, split_buffers
+from engine.attention.triton.target import sm_count
 
 BLOCK_H = 16  # query heads per program: the smallest tl.dot row count
 
@@ -126,6 +126,16 @@ def _mla_decode_split_kernel(
     tl.store(lse_ptrs, lse, mask=h_mask)
 
 
+def split_plan(
+    batch: int, heads: int, max_len: int, device: torch.device, split_tokens: int | None = None
+) -> tuple[int, int]:
+    """(splits, tokens per split) of an MLA decode step: one program per sequence and block
+    of BLOCK_H heads per split (the compile check plans its merge widths with this too)."""
+    block_n, _ = tile_config()
+    programs = batch * triton.cdiv(heads, BLOCK_H)
+    return plan_splits(programs, max_len, block_n, sm_count(device), split_tokens)
+
+
 def mla_decode(
     q: torch.Tensor,
     rows: torch.Tensor,
@@ -150,9 +160,7 @@ def mla_decode(
     rope_dim = width - lora_rank
     block_n, num_warps = tile_config()
     head_blocks = triton.cdiv(heads, BLOCK_H)
-    splits, split_size = plan_splits(
-        batch * head_blocks, tables.max_seq_len, block_n, sm_count(q.device), split_tokens
-    )
+    splits, split_size = split_plan(batch, heads, tables.max_seq_len, q.device, split_tokens)
     part_out, part_lse = split_buffers(batch, heads, splits, lora_rank, q.device)
     dot, precision = dot_config(q.dtype)
     _mla_decode_split_kernel[(head_blocks, batch, splits)](

@@ -52,6 +52,19 @@ def test_reference_follows_the_recipe(seed):
     assert not q[2].float().any() and torch.equal(scales[2], torch.full((3,), 1e-10 / FP8_MAX))
 
 
+def test_reference_scales_are_one_division_on_every_device(device):
+    """amax / 448 rounded once, as the kernel's div_rn: never amax * (1 / 448), which CUDA
+    torch computes for `tensor / 448.0` and which differs in the last bit for these."""
+    amax = torch.tensor([1.3, 3.7, 5.1, 0.77, 113.0, 2.0**-20 * 3])
+    division = amax / torch.full_like(amax, FP8_MAX)
+    reciprocal = amax * torch.tensor(1 / FP8_MAX, dtype=torch.float32)
+    assert not torch.equal(division, reciprocal)  # the inputs tell the two apart
+    x = torch.zeros(len(amax), 128)
+    x[:, 5] = -amax
+    _, scales = quantize_activations_reference(x.to(device))
+    assert torch.equal(scales.cpu()[:, 0], division)
+
+
 def test_triton_scales_equal_torch_on_any_input(seed, device):
     x = (torch.randn(5, 260) * 2.0 ** torch.randint(-8, 8, (5, 1))).to(device)
     _, ref_scales = quantize_activations_reference(x)

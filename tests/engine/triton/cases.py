@@ -122,8 +122,10 @@ def reference_attention(
     keys = keys.double().repeat_interleave(group, dim=1)
     values = values.double().repeat_interleave(group, dim=1)
     scores = torch.einsum("nhd,lhd->hnl", q.double(), keys) * scale
-    q_pos = torch.arange(length - n, length)
-    scores.masked_fill_(torch.arange(length)[None, :] > q_pos[:, None], float("-inf"))
+    # The mask lives where the scores do (CUDA on a GPU run; masked_fill_ wants one device).
+    q_pos = torch.arange(length - n, length, device=scores.device)
+    key_pos = torch.arange(length, device=scores.device)
+    scores.masked_fill_(key_pos[None, :] > q_pos[:, None], float("-inf"))
     return torch.einsum("hnl,lhd->nhd", torch.softmax(scores, dim=-1), values).float()
 
 
