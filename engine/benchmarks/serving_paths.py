@@ -1,7 +1,7 @@
 """`resident bench serving`: decode speed on every path a user touches, in one run.
 
 The same prompts and token counts (EOS ignored) through:
-- `library`: `LLM(model).generate`, on this thread;
+- `library`: `LLM(model).generate`, on this thread (requests at once: one batch);
 - `async_engine`: `AsyncEngine`, stepped on its own thread and consumed by an
   asyncio loop on this one, the shape of the agent's local engine (TUI and
   headless) and of the server without HTTP;
@@ -12,199 +12,168 @@ The same prompts and token counts (EOS ignored) through:
   `llama-server`, vLLM, SGLang) on the same model, asked the same way.
 
 Each path gives one stream (one request of `max_tokens`) and `concurrency`
-requests at once: completion tokens over wall time, best of `repeats` after an
-untimed warm-up. Ratios are taken within the run, since absolute numbers on a
-shared machine are noisy. The paths run one after another: two engines'
-OpenMP teams in one process would slow each other (engine.host.threads).
+requests at once: completion tokens over wall time, the best of `repeats`
+rounds after an untimed warm-up. The servers stay up the whole run and the
+rounds interleave the paths (library, server, peer; then async engine, server,
+peer), so a machine that drifts slows all of them alike and the ratios hold.
+The two in-process paths take turns, never together: two engines' OpenMP teams
+in one process would slow each other (engine.host.threads).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import platform
-import signal
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import httpx
 import torch
 
+from engine.benchmarks.served import served, served_model_id, stream_completion
 from engine.benchmarks.throughput import PROMPTS
-from engine.distributed.launch import free_port
 from engine.host.threads import usable_cores
 
 PATHS = ("library", "async_engine", "http")
 TARGET_WITHIN = 0.10  # library, async engine and HTTP decode within 10% of each other
+FIGURES = ("single", "concurrent")
 
 
-OneRequest = Callable[[str], Awaitable[int]]
+@dataclass
+class Path:
+    name: str
+    alone: Callable[[str], Awaitable[int]]  # one request -> completion tokens
+    together: Callable[[list[str]], Awaitable[int]]  # requests at once -> tokens
 
 
-def _prompts(concurrency: int) -> list[str]:
-    return [f"{PROMPTS[i % len(PROMPTS)]} (#{i})" for i in range(concurrency)]
+def _gathered(alone: Callable[[str], Awaitable[int]]) -> Callable[[list[str]], Awaitable[int]]:
+    async def together(prompts: list[str]) -> int:
+        return sum(await asyncio.gather(*(alone(p) for p in prompts)))
+
+    return together
 
 
-async def _best(measure: Callable[[], Awaitable[int]], repeats: int) -> float:
-    """Tokens per second of `measure()` (which returns tokens made): best of `repeats`."""
-    await measure()  # warm-up, untimed
-    best = 0.0
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tokens = await measure()
-        best = max(best, tokens / (time.perf_counter() - start))
-    return round(best, 2)
+def _library_path(llm, max_tokens: int) -> Path:
+    from engine import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+
+    async def generate(prompts: list[str]) -> int:  # a library user batches in one call
+        return sum(len(o.outputs[0].token_ids) for o in llm.generate(prompts, params))
+
+    return Path("library", lambda prompt: generate([prompt]), generate)
 
 
-async def _figures(one: OneRequest, prompts: list[str], repeats: int) -> dict:
-    """One stream, then every prompt at once, through `one(prompt) -> tokens`."""
-
-    async def concurrent() -> int:
-        return sum(await asyncio.gather(*(one(p) for p in prompts)))
-
-    return {
-        "single_tok_s": await _best(lambda: one(prompts[0]), repeats),
-        "concurrent_tok_s": await _best(concurrent, repeats),
-    }
-
-
-# ----- the paths -----------------------------------------------------------------
-def _library(model: str, prompts: list[str], max_tokens: int, repeats: int) -> dict:
-    from engine import LLM, SamplingParams
-    from engine.calibration import calibrate_without_fixed_scales
-
-    with LLM(model) as llm:
-        calibrate_without_fixed_scales(llm.engine)  # as `resident serve` does at start
-        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-
-        async def generate(batch: list[str]) -> int:  # a library user batches in one call
-            return sum(len(o.outputs[0].token_ids) for o in llm.generate(batch, params))
-
-        async def figures() -> dict:
-            return {
-                "single_tok_s": await _best(lambda: generate(prompts[:1]), repeats),
-                "concurrent_tok_s": await _best(lambda: generate(prompts), repeats),
-            }
-
-        return asyncio.run(figures())
-
-
-def _async_engine(model: str, prompts: list[str], max_tokens: int, repeats: int) -> dict:
-    from engine.async_engine import AsyncEngine
-    from engine.config import EngineConfig
+def _async_path(engine, max_tokens: int) -> Path:
     from engine.sampling_params import SamplingParams
 
-    engine = AsyncEngine.open(EngineConfig(model=model))
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     ids = iter(range(10**9))
 
-    async def one(prompt: str) -> int:
+    async def alone(prompt: str) -> int:
         last = None
         async for output in engine.generate(prompt, params, f"bench-{next(ids)}"):
             last = output
         return len(last.outputs[0].token_ids)
 
-    try:
-        return asyncio.run(_figures(one, prompts, repeats))
-    finally:
-        engine.shutdown()
+    return Path("async_engine", alone, _gathered(alone))
 
 
-async def _stream_completion(client: httpx.AsyncClient, body: dict) -> int:
-    """Completion tokens of one streaming `/v1/completions` request."""
-    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    chunks, usage = 0, None
-    async with client.stream("POST", "/v1/completions", json=body) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"{response.status_code}: {(await response.aread()).decode()}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[len("data: ") :])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"].get("message", chunk["error"]))
-            usage = chunk.get("usage") or usage
-            chunks += sum(1 for c in chunk.get("choices", []) if c.get("text"))
-    # A server that reports no usage in its stream: one chunk per token, as they send.
-    return usage["completion_tokens"] if usage else chunks
+def _http_path(name: str, client: httpx.AsyncClient, model: str, max_tokens: int) -> Path:
+    async def alone(prompt: str) -> int:
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        return await stream_completion(client, body)
+
+    return Path(name, alone, _gathered(alone))
 
 
-def _over_http(url: str, model: str, prompts: list[str], max_tokens: int, repeats: int) -> dict:
-    async def figures() -> dict:
-        # A new connection per request: some servers (llama-server) close a streamed
-        # response's connection, and a pooled one would fail on reuse; the same for all.
-        limits = httpx.Limits(max_connections=len(prompts) + 4, max_keepalive_connections=0)
-        async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as client:
-
-            async def one(prompt: str) -> int:
-                body = {
-                    "model": model,
-                    "prompt": prompt,
-                    "max_tokens": max_tokens,
-                    "temperature": 0,
-                    "ignore_eos": True,
-                }
-                return await _stream_completion(client, body)
-
-            return await _figures(one, prompts, repeats)
-
-    return asyncio.run(figures())
+async def _rounds(paths: list[Path], prompts: list[str], repeats: int, record: dict) -> None:
+    """Warm every path up, then `repeats` rounds of each figure over the paths in turn;
+    `record[name]` keeps each figure's best rate and the tokens a run made."""
+    for path in paths:
+        await path.alone(prompts[0])
+        await path.together(prompts)
+    for _ in range(repeats):
+        for figure in FIGURES:
+            for path in paths:
+                start = time.perf_counter()
+                if figure == "single":
+                    tokens = await path.alone(prompts[0])
+                else:
+                    tokens = await path.together(prompts)
+                rate = tokens / (time.perf_counter() - start)
+                entry = record.setdefault(path.name, {"tokens": {}})
+                entry[f"{figure}_tok_s"] = round(max(rate, entry.get(f"{figure}_tok_s", 0.0)), 2)
+                entry["tokens"][figure] = tokens
 
 
-@contextlib.contextmanager
-def served(model: str, extra_args: tuple[str, ...] = ()) -> Iterator[str]:
-    """`resident serve --model MODEL` in its own process on a free loopback port."""
-    port = free_port()
-    command = [sys.executable, "-m", "engine", "serve", "--model", model, "--port", str(port)]
-    log = tempfile.TemporaryFile()  # a file, not a pipe: a full pipe would stall the server
-    process = subprocess.Popen(
-        [*command, *extra_args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            if process.poll() is not None:
-                log.seek(0)
-                tail = log.read().decode(errors="replace")[-2000:]
-                raise RuntimeError(f"resident serve exited: {tail}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("resident serve did not become healthy in 600 s")
-            time.sleep(0.5)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
+async def _measure_all(
+    model: str,
+    prompts: list[str],
+    max_tokens: int,
+    repeats: int,
+    peer: str | None,
+    peer_model: str | None,
+    paths: tuple[str, ...],
+) -> dict:
+    from engine import LLM
+    from engine.async_engine import AsyncEngine
+    from engine.calibration import calibrate_without_fixed_scales
+    from engine.config import EngineConfig
+
+    record: dict = {}
+    # A new connection per request: some servers (llama-server) close a streamed
+    # response's connection, and a pooled one would fail on reuse; the same for all.
+    limits = httpx.Limits(max_connections=len(prompts) + 4, max_keepalive_connections=0)
+    with contextlib.ExitStack() as stack:
+        servers = []
+        if "http" in paths:
+            url = stack.enter_context(served(model))
+            servers.append(("http", url, served_model_id(url, model)))
+        if peer:
+            url = peer.rstrip("/")
+            servers.append(("peer", url, peer_model or served_model_id(url, model)))
+        clients = [
+            httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) for _, url, _ in servers
+        ]
         try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        log.close()
-
-
-def _served_model_id(url: str, fallback: str) -> str:
-    try:
-        models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
-        return models[0]["id"] if models else fallback
-    except (httpx.HTTPError, KeyError, ValueError, IndexError):
-        return fallback
+            external = [
+                _http_path(name, client, served_as, max_tokens)
+                for (name, _, served_as), client in zip(servers, clients, strict=True)
+            ]
+            if "library" in paths:
+                with LLM(model) as llm:
+                    calibrate_without_fixed_scales(llm.engine)  # as `resident serve` does
+                    await _rounds(
+                        [_library_path(llm, max_tokens), *external], prompts, repeats, record
+                    )
+            if "async_engine" in paths:  # after the library: it leaves this thread on one thread
+                engine = AsyncEngine.open(EngineConfig(model=model))
+                try:
+                    await _rounds(
+                        [_async_path(engine, max_tokens), *external], prompts, repeats, record
+                    )
+                finally:
+                    engine.shutdown()
+            if not {"library", "async_engine"} & set(paths):
+                await _rounds(external, prompts, repeats, record)
+        finally:
+            for client in clients:
+                await client.aclose()
+    return record
 
 
 def _ratio(a: dict, b: dict) -> dict:
-    return {
-        figure: round(a[f"{figure}_tok_s"] / b[f"{figure}_tok_s"], 3)
-        for figure in ("single", "concurrent")
-        if b.get(f"{figure}_tok_s")
-    }
+    return {f: round(a[f"{f}_tok_s"] / b[f"{f}_tok_s"], 3) for f in FIGURES if b[f"{f}_tok_s"]}
 
 
 def run_serving(
@@ -216,41 +185,24 @@ def run_serving(
     peer_model: str | None = None,
     paths: tuple[str, ...] = PATHS,
 ) -> dict:
-    prompts = _prompts(concurrency)
-    result: dict = {
+    prompts = [f"{PROMPTS[i % len(PROMPTS)]} (#{i})" for i in range(concurrency)]
+    runs = asyncio.run(_measure_all(model, prompts, max_tokens, repeats, peer, peer_model, paths))
+    ratios = {}
+    for base in ("library", "peer"):
+        for name in ("http", "async_engine", "library"):
+            if name != base and name in runs and base in runs:
+                ratios[f"{name}_over_{base}"] = _ratio(runs[name], runs[base])
+    return {
         "benchmark": "serving",
         "model": model,
         "max_tokens": max_tokens,
         "concurrency": concurrency,
         "repeats": repeats,
-        "paths": {},
+        "paths": runs,
+        "ratios": ratios,
+        "target_within": TARGET_WITHIN,
         "machine": machine(),
     }
-    runs = result["paths"]
-    # HTTP and the peer first: this process only waits on sockets while they decode.
-    if "http" in paths:
-        with served(model) as url:
-            name = _served_model_id(url, model)
-            runs["http"] = _over_http(url, name, prompts, max_tokens, repeats)
-    if peer:
-        name = peer_model or _served_model_id(peer, model)
-        runs["peer"] = _over_http(peer.rstrip("/"), name, prompts, max_tokens, repeats)
-    if "library" in paths:
-        runs["library"] = _library(model, prompts, max_tokens, repeats)
-    if "async_engine" in paths:  # last: it leaves this thread on one OpenMP thread
-        runs["async_engine"] = _async_engine(model, prompts, max_tokens, repeats)
-    ratios = {}
-    if "library" in runs:
-        for name in ("http", "async_engine"):
-            if name in runs:
-                ratios[f"{name}_over_library"] = _ratio(runs[name], runs["library"])
-    if "peer" in runs:
-        for name in ("http", "library"):
-            if name in runs:
-                ratios[f"{name}_over_peer"] = _ratio(runs[name], runs["peer"])
-    result["ratios"] = ratios
-    result["target_within"] = TARGET_WITHIN
-    return result
 
 
 def machine() -> dict:
@@ -270,7 +222,7 @@ def machine() -> dict:
 def format_table(result: dict) -> str:
     lines = [
         f"{result['model']}: {result['max_tokens']} tokens per request, EOS ignored; "
-        f"best of {result['repeats']}",
+        f"best of {result['repeats']} interleaved rounds",
         f"{'path':<14}{'1 stream tok/s':>16}{str(result['concurrency']) + ' at once tok/s':>20}",
     ]
     for name, run in result["paths"].items():

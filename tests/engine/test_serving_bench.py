@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from engine.benchmarks.serving_paths import format_table, run_serving, served
+from engine.benchmarks.served import served
+from engine.benchmarks.serving_paths import format_table, run_serving
 
 
 def test_serving_bench_measures_every_path_and_a_peer(tiny_llama_dir):
@@ -13,12 +14,14 @@ def test_serving_bench_measures_every_path_and_a_peer(tiny_llama_dir):
         result = run_serving(model, max_tokens=3, concurrency=3, repeats=1, peer=peer)
         assert httpx.get(f"{peer}/health", timeout=10).status_code == 200
     assert set(result["paths"]) == {"library", "async_engine", "http", "peer"}
-    for figures in result["paths"].values():
+    for figures in result["paths"].values():  # the same tokens on every path, EOS ignored
         assert figures["single_tok_s"] > 0 and figures["concurrent_tok_s"] > 0
+        assert figures["tokens"] == {"single": 3, "concurrent": 9}
     assert set(result["ratios"]) == {
         "http_over_library",
         "async_engine_over_library",
         "http_over_peer",
+        "async_engine_over_peer",
         "library_over_peer",
     }
     assert result["machine"]["usable_cores"] >= 1 and "cpu_matrix_isa" in result["machine"]
