@@ -35,14 +35,22 @@ def _messages(i: int) -> list[dict]:
     return [{"role": "user", "content": f"{PROMPTS[i % len(PROMPTS)]} Answer at length. (#{i})"}]
 
 
-def _best(run, repeats: int) -> float:
+def _best(run, repeats: int) -> tuple[float, int]:
     run()
-    best = 0.0
+    best, tokens = 0.0, 0
     for _ in range(repeats):
         start = time.perf_counter()
         tokens = run()
         best = max(best, tokens / (time.perf_counter() - start))
-    return round(best, 2)
+    return round(best, 2), tokens
+
+
+def _figures(single: tuple[float, int], concurrent: tuple[float, int]) -> dict:
+    return {
+        "single_tok_s": single[0],
+        "concurrent_tok_s": concurrent[0],
+        "tokens": {"single": single[1], "concurrent": concurrent[1]},
+    }
 
 
 def library(model: str, n: int, max_tokens: int, repeats: int) -> dict:
@@ -54,10 +62,9 @@ def library(model: str, n: int, max_tokens: int, repeats: int) -> dict:
         def generate(batch) -> int:
             return sum(len(o.outputs[0].token_ids) for o in llm.generate(batch, params))
 
-        return {
-            "single_tok_s": _best(lambda: generate(prompts[:1]), repeats),
-            "concurrent_tok_s": _best(lambda: generate(prompts), repeats),
-        }
+        return _figures(
+            _best(lambda: generate(prompts[:1]), repeats), _best(lambda: generate(prompts), repeats)
+        )
 
 
 def agent(model: str, n: int, max_tokens: int, repeats: int) -> dict:
@@ -71,22 +78,19 @@ def agent(model: str, n: int, max_tokens: int, repeats: int) -> dict:
         return tokens
 
     async def figures() -> dict:
-        async def best(make) -> float:
+        async def best(make) -> tuple[float, int]:
             await make()
-            top = 0.0
+            top, tokens = 0.0, 0
             for _ in range(repeats):
                 start = time.perf_counter()
                 tokens = await make()
                 top = max(top, tokens / (time.perf_counter() - start))
-            return round(top, 2)
+            return round(top, 2), tokens
 
         async def concurrent() -> int:
             return sum(await asyncio.gather(*(one(i) for i in range(n))))
 
-        result = {
-            "single_tok_s": await best(lambda: one(0)),
-            "concurrent_tok_s": await best(concurrent),
-        }
+        result = _figures(await best(lambda: one(0)), await best(concurrent))
         await client.aclose()
         return result
 
