@@ -70,6 +70,23 @@ def teacher_forced(llm, sequences: list[list[int]], decoded: int) -> torch.Tenso
     return torch.cat([llm.prompt_logits(s, decode_last=decoded).float() for s in sequences])
 
 
+# Prompts for comparing two BF16 evaluations of the default model: eight prompts of
+# DEFAULT_MODEL_GENERATED generated tokens are about 250 positions, so the RMS error of
+# an evaluation over them is known to a few percent (per prompt it varies by about
+# +-20%, over all of them by about +-5%).
+DEFAULT_MODEL_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time",
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "def add(a, b):",
+    "import numpy as np\n",
+    "The quick brown fox",
+    "1, 2, 3, 4,",
+]
+DEFAULT_MODEL_GENERATED = 24
+
+
 def _rms(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).double().pow(2).mean().sqrt())
 

@@ -148,18 +148,6 @@ def test_packed_linear_uses_packed_rows_then_dense_rows_and_keeps_bias():
         assert torch.allclose(got, want, atol=0.05, rtol=0.02), rows
 
 
-_PROMPTS = [
-    "The capital of France is",
-    "Once upon a time",
-    "What is the capital of France?",
-    "Write a Python function that reverses a string.",
-    "def add(a, b):",
-    "import numpy as np\n",
-    "The quick brown fox",
-    "1, 2, 3, 4,",
-]
-
-
 @pytest.mark.skipif(
     not is_complete(default_model_dir()), reason="default model not pulled: resident models pull"
 )
@@ -172,7 +160,12 @@ def test_the_default_model_packs_whole_and_agrees_with_its_dense_weights(monkeyp
     run's greedy continuations, teacher-forced; token equality would be luck."""
     import engine.model_stack as engine_module
     from engine import LLM, SamplingParams
-    from tests.engine.agreement import assert_bf16_evaluations_agree, teacher_forced
+    from tests.engine.agreement import (
+        DEFAULT_MODEL_GENERATED,
+        DEFAULT_MODEL_PROMPTS,
+        assert_bf16_evaluations_agree,
+        teacher_forced,
+    )
 
     monkeypatch.setattr(engine_module, "cpu_kernels_unavailable", lambda: "off for this test")
     model_dir = str(default_model_dir())
@@ -181,13 +174,13 @@ def test_the_default_model_packs_whole_and_agrees_with_its_dense_weights(monkeyp
     layers = [m for m in packed.engine.model.modules() if isinstance(m, nn.Linear)]
     assert all(grid_weight_of(m) is not None for m in layers)
     assert grid_weight_of(packed.engine.model.lm_head).grid == "8-bit"  # the Q8_0 embedding
-    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    outputs = packed.generate(_PROMPTS, params)
+    params = SamplingParams(max_tokens=DEFAULT_MODEL_GENERATED, temperature=0, ignore_eos=True)
+    outputs = packed.generate(DEFAULT_MODEL_PROMPTS, params)
     sequences = [o.prompt_token_ids + o.outputs[0].token_ids for o in outputs]
-    with_packing = teacher_forced(packed, sequences, 24)
+    with_packing = teacher_forced(packed, sequences, DEFAULT_MODEL_GENERATED)
     for layer in layers:  # the same model with its dense BF16 weights at every row count
         layer.method.max_packed_rows = 0
-    dense = teacher_forced(packed, sequences, 24)
+    dense = teacher_forced(packed, sequences, DEFAULT_MODEL_GENERATED)
     del packed
     exact_model = LLM(model_dir, dtype="float32", kv_cache_dtype="auto")
     assert not any(grid_weight_of(m) is not None for m in exact_model.engine.model.modules())

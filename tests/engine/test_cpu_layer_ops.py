@@ -12,7 +12,12 @@ from engine.kv.rotation import HadamardRotation
 from engine.layers.layer_ops import CPU_LAYER_OPS, TORCH_LAYER_OPS
 from engine.layers.rotary import RotaryEmbedding, rope_inv_freq
 from engine.model_store import default_model_dir, is_complete
-from tests.engine.agreement import assert_bf16_evaluations_agree, teacher_forced
+from tests.engine.agreement import (
+    DEFAULT_MODEL_GENERATED,
+    DEFAULT_MODEL_PROMPTS,
+    assert_bf16_evaluations_agree,
+    teacher_forced,
+)
 from tests.engine.conftest import count_calls
 
 pytestmark = pytest.mark.skipif(
@@ -145,20 +150,7 @@ def test_deterministic_mode_keeps_the_torch_ops(tiny_llama_dir):
     assert _replaced_methods(model) == []
 
 
-# Eight prompts of 24 generated tokens: about 250 positions, so the RMS error of a
-# BF16 evaluation over them is known to a few percent (per prompt it varies by about
-# +-20%, over all of them by about +-5%).
-_PROMPTS = [
-    "The capital of France is",
-    "Once upon a time",
-    "What is the capital of France?",
-    "Write a Python function that reverses a string.",
-    "def add(a, b):",
-    "import numpy as np\n",
-    "The quick brown fox",
-    "1, 2, 3, 4,",
-]
-_GENERATED = 24
+_PROMPTS, _GENERATED = DEFAULT_MODEL_PROMPTS, DEFAULT_MODEL_GENERATED
 
 
 @needs_default_model
