@@ -89,3 +89,12 @@ async def stream_completion(client: httpx.AsyncClient, body: dict) -> int:
         usage = chunk.get("usage")
     # A server that reports no usage in its stream: one event per token, as they send.
     return usage["completion_tokens"] if usage else events
+
+
+async def whole_completion(client: httpx.AsyncClient, body: dict) -> int:
+    """Completion tokens of one `/v1/completions` request answered whole (not streamed):
+    the client does nothing per token, so this measures the server alone."""
+    response = await client.post("/v1/completions", json={**body, "stream": False})
+    if response.status_code != 200:
+        raise RuntimeError(f"{response.status_code}: {response.text}")
+    return response.json()["usage"]["completion_tokens"]

@@ -8,6 +8,8 @@ The same prompts and token counts (EOS ignored) through:
 - `http`: `resident serve` started as its own process on a free loopback port,
   with defaults, and asked over HTTP as a client would (streaming
   `/v1/completions`);
+- `http_whole`: the same server answering each request whole, not streamed,
+  so the client does nothing per token: the server's own cost;
 - `peer` (given `--peer URL`): any OpenAI-compatible server (llama.cpp's
   `llama-server`, vLLM, SGLang) on the same model, asked the same way.
 
@@ -33,11 +35,16 @@ from dataclasses import dataclass
 import httpx
 import torch
 
-from engine.benchmarks.served import served, served_model_id, stream_completion
+from engine.benchmarks.served import (
+    served,
+    served_model_id,
+    stream_completion,
+    whole_completion,
+)
 from engine.benchmarks.throughput import PROMPTS
 from engine.host.threads import usable_cores
 
-PATHS = ("library", "async_engine", "http")
+PATHS = ("library", "async_engine", "http", "http_whole")
 TARGET_WITHIN = 0.10  # library, async engine and HTTP decode within 10% of each other
 FIGURES = ("single", "concurrent")
 
@@ -82,7 +89,11 @@ def _async_path(engine, max_tokens: int) -> Path:
     return Path("async_engine", alone, _gathered(alone))
 
 
-def _http_path(name: str, client: httpx.AsyncClient, model: str, max_tokens: int) -> Path:
+def _http_path(
+    name: str, client: httpx.AsyncClient, model: str, max_tokens: int, stream: bool = True
+) -> Path:
+    request = stream_completion if stream else whole_completion
+
     async def alone(prompt: str) -> int:
         body = {
             "model": model,
@@ -91,7 +102,7 @@ def _http_path(name: str, client: httpx.AsyncClient, model: str, max_tokens: int
             "temperature": 0,
             "ignore_eos": True,
         }
-        return await stream_completion(client, body)
+        return await request(client, body)
 
     return Path(name, alone, _gathered(alone))
 
@@ -136,7 +147,7 @@ async def _measure_all(
     limits = httpx.Limits(max_connections=len(prompts) + 4, max_keepalive_connections=0)
     with contextlib.ExitStack() as stack:
         servers = []
-        if "http" in paths:
+        if {"http", "http_whole"} & set(paths):
             url = stack.enter_context(served(model))
             servers.append(("http", url, served_model_id(url, model)))
         if peer:
@@ -146,10 +157,13 @@ async def _measure_all(
             httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) for _, url, _ in servers
         ]
         try:
-            external = [
-                _http_path(name, client, served_as, max_tokens)
-                for (name, _, served_as), client in zip(servers, clients, strict=True)
-            ]
+            external = []
+            for (name, _, served_as), client in zip(servers, clients, strict=True):
+                if name == "peer" or "http" in paths:
+                    external.append(_http_path(name, client, served_as, max_tokens))
+                if name == "http" and "http_whole" in paths:
+                    whole = _http_path("http_whole", client, served_as, max_tokens, stream=False)
+                    external.append(whole)
             if "library" in paths:
                 with LLM(model) as llm:
                     calibrate_without_fixed_scales(llm.engine)  # as `resident serve` does
@@ -189,7 +203,7 @@ def run_serving(
     runs = asyncio.run(_measure_all(model, prompts, max_tokens, repeats, peer, peer_model, paths))
     ratios = {}
     for base in ("library", "peer"):
-        for name in ("http", "async_engine", "library"):
+        for name in ("http", "http_whole", "async_engine", "library"):
             if name != base and name in runs and base in runs:
                 ratios[f"{name}_over_{base}"] = _ratio(runs[name], runs[base])
     return {

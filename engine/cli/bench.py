@@ -62,7 +62,8 @@ def bench_serving(
     concurrency: int = typer.Option(16, min=1, help="Requests at once in the concurrent run."),
     repeats: int = typer.Option(3, min=1, help="Timed runs per figure; the best counts."),
     paths: str = typer.Option(
-        "library,async_engine,http", help="Which of library, async_engine, http to measure."
+        "library,async_engine,http,http_whole",
+        help="Which of library, async_engine, http (streamed), http_whole to measure.",
     ),
     peer: str = typer.Option(
         None, help="An OpenAI-compatible server on the same model (llama-server, vLLM) to compare."

@@ -13,12 +13,14 @@ def test_serving_bench_measures_every_path_and_a_peer(tiny_llama_dir):
     with served(model) as peer:  # a second server stands in for llama-server or vLLM
         result = run_serving(model, max_tokens=3, concurrency=3, repeats=1, peer=peer)
         assert httpx.get(f"{peer}/health", timeout=10).status_code == 200
-    assert set(result["paths"]) == {"library", "async_engine", "http", "peer"}
+    assert set(result["paths"]) == {"library", "async_engine", "http", "http_whole", "peer"}
     for figures in result["paths"].values():  # the same tokens on every path, EOS ignored
         assert figures["single_tok_s"] > 0 and figures["concurrent_tok_s"] > 0
         assert figures["tokens"] == {"single": 3, "concurrent": 9}
     assert set(result["ratios"]) == {
         "http_over_library",
+        "http_whole_over_library",
+        "http_whole_over_peer",
         "async_engine_over_library",
         "http_over_peer",
         "async_engine_over_peer",
