@@ -16,10 +16,11 @@ The same prompts and token counts (EOS ignored) through:
 Each path gives one stream (one request of `max_tokens`) and `concurrency`
 requests at once: completion tokens over wall time, the best of `repeats`
 rounds after an untimed warm-up. The servers stay up the whole run and the
-rounds interleave the paths (library, server, peer; then async engine, server,
-peer), so a machine that drifts slows all of them alike and the ratios hold.
-The two in-process paths take turns, never together: two engines' OpenMP teams
-in one process would slow each other (engine.host.threads).
+rounds interleave the paths (library, async engine, server, peer), so a
+machine that drifts slows all of them alike and the ratios hold.
+The two in-process engines take turns too, each handing its OpenMP pool back
+after its turn: two teams in one process would slow each other
+(engine.host.threads).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from engine.benchmarks.served import (
     whole_completion,
 )
 from engine.benchmarks.throughput import PROMPTS
-from engine.host.threads import usable_cores
+from engine.host.threads import release_pool, usable_cores
 
 PATHS = ("library", "async_engine", "http", "http_whole")
 TARGET_WITHIN = 0.10  # library, async engine and HTTP decode within 10% of each other
@@ -54,6 +55,9 @@ class Path:
     name: str
     alone: Callable[[str], Awaitable[int]]  # one request -> completion tokens
     together: Callable[[list[str]], Awaitable[int]]  # requests at once -> tokens
+    # An in-process engine hands its OpenMP pool back after its turn, so the other
+    # one's team is the only one while it runs (engine.host.threads).
+    leave: Callable[[], Awaitable[None]] | None = None
 
 
 def _gathered(alone: Callable[[str], Awaitable[int]]) -> Callable[[list[str]], Awaitable[int]]:
@@ -63,15 +67,19 @@ def _gathered(alone: Callable[[str], Awaitable[int]]) -> Callable[[list[str]], A
     return together
 
 
-def _library_path(llm, max_tokens: int) -> Path:
+def _library_path(llm, max_tokens: int, threads: int) -> Path:
     from engine import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
 
     async def generate(prompts: list[str]) -> int:  # a library user batches in one call
+        torch.set_num_threads(threads)  # as the user had it (an AsyncEngine quiets this thread)
         return sum(len(o.outputs[0].token_ids) for o in llm.generate(prompts, params))
 
-    return Path("library", lambda prompt: generate([prompt]), generate)
+    async def leave() -> None:
+        release_pool()
+
+    return Path("library", lambda prompt: generate([prompt]), generate, leave)
 
 
 def _async_path(engine, max_tokens: int) -> Path:
@@ -86,7 +94,10 @@ def _async_path(engine, max_tokens: int) -> Path:
             last = output
         return len(last.outputs[0].token_ids)
 
-    return Path("async_engine", alone, _gathered(alone))
+    async def leave() -> None:
+        await engine.call(release_pool)
+
+    return Path("async_engine", alone, _gathered(alone), leave)
 
 
 def _http_path(
@@ -113,6 +124,8 @@ async def _rounds(paths: list[Path], prompts: list[str], repeats: int, record: d
     for path in paths:
         await path.alone(prompts[0])
         await path.together(prompts)
+        if path.leave is not None:
+            await path.leave()
     for _ in range(repeats):
         for figure in FIGURES:
             for path in paths:
@@ -122,6 +135,8 @@ async def _rounds(paths: list[Path], prompts: list[str], repeats: int, record: d
                 else:
                     tokens = await path.together(prompts)
                 rate = tokens / (time.perf_counter() - start)
+                if path.leave is not None:
+                    await path.leave()
                 entry = record.setdefault(path.name, {"tokens": {}})
                 entry[f"{figure}_tok_s"] = round(max(rate, entry.get(f"{figure}_tok_s", 0.0)), 2)
                 entry["tokens"][figure] = tokens
@@ -164,22 +179,18 @@ async def _measure_all(
                 if name == "http" and "http_whole" in paths:
                     whole = _http_path("http_whole", client, served_as, max_tokens, stream=False)
                     external.append(whole)
-            if "library" in paths:
-                with LLM(model) as llm:
+            in_process: list[Path] = []
+            with contextlib.ExitStack() as engines:
+                if "library" in paths:
+                    llm = engines.enter_context(LLM(model))
                     calibrate_without_fixed_scales(llm.engine)  # as `resident serve` does
-                    await _rounds(
-                        [_library_path(llm, max_tokens), *external], prompts, repeats, record
-                    )
-            if "async_engine" in paths:  # after the library: it leaves this thread on one thread
-                engine = AsyncEngine.open(EngineConfig(model=model))
-                try:
-                    await _rounds(
-                        [_async_path(engine, max_tokens), *external], prompts, repeats, record
-                    )
-                finally:
-                    engine.shutdown()
-            if not {"library", "async_engine"} & set(paths):
-                await _rounds(external, prompts, repeats, record)
+                    threads = torch.get_num_threads()
+                    in_process.append(_library_path(llm, max_tokens, threads))
+                if "async_engine" in paths:
+                    engine = AsyncEngine.open(EngineConfig(model=model))
+                    engines.callback(engine.shutdown)
+                    in_process.append(_async_path(engine, max_tokens))
+                await _rounds([*in_process, *external], prompts, repeats, record)
         finally:
             for client in clients:
                 await client.aclose()
