@@ -91,8 +91,10 @@ class AsyncEngine:
 
     # ----- the engine thread ----------------------------------------------------
     def _loop(self) -> None:
-        claim_compute_threads(self._compute_threads)
-        self._claimed.set()
+        try:
+            claim_compute_threads(self._compute_threads)
+        finally:  # the constructor waits for this, whatever happened
+            self._claimed.set()
         while not self._stopped.is_set():
             self._run_commands(block=not self.engine.has_unfinished())
             if self._stopped.is_set() or not self.engine.has_unfinished():

@@ -5,11 +5,12 @@ keeps a pool of worker threads for every thread that has ever started a
 parallel region, and counts all of them; once that count passes the cores the
 process may use, every team stops spinning at its barriers and sleeps on a
 futex instead, and each wake-up costs tens of microseconds on a VM. A decode
-step has hundreds of barriers. Measured on 2 cores (AMD Zen 5 under KVM,
-`bench/thread_policy.py`): the default model decodes about 230 tok/s stepped
-from the thread that loaded it, and about 70 tok/s stepped from another thread
-once the loading thread holds a pool, which is the server's shape (loaded on
-the main thread, stepped on the engine thread) and the agent's.
+step has hundreds of barriers. Measured on 2 cores (AMD Zen 5 under KVM;
+docs/BENCHMARKS.md, issue 25): the default model decodes about 230 tok/s
+stepped from the thread that loaded it, and about 70 tok/s stepped from
+another thread once the loading thread holds a pool, which is the server's
+shape (loaded on the main thread, stepped on the engine thread) and the
+agent's. `resident bench serving` measures every path side by side.
 
 So the policy, applied by `AsyncEngine` (the library's `LLM` steps on its
 caller's thread and needs none of it):
