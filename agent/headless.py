@@ -24,7 +24,7 @@ from agent.core.runtime import Runtime, RuntimeOptions, UnknownToolError, open_r
 from agent.core.session import SessionNotFound
 from agent.event_printers import JsonLinesPrinter, ProgressPrinter
 from agent.exit_codes import EXIT_DONE, EXIT_USAGE, error_exit_code, exit_code
-from tools.sandbox import SandboxUnavailable
+from tools.sandbox.bubblewrap import SandboxUnavailable
 
 # What a headless run can do about a call that needed a person's approval.
 APPROVAL_ADVICE = " Run again with --approval auto-edit or full-auto, or in the TUI to approve it."

@@ -20,7 +20,7 @@ import torch
 
 from engine import LLM
 from engine.benchmarks.accuracy import prose_text, python_text, score_window
-from engine.model_store import default_model_dir
+from engine.model_files.store import default_model_dir
 
 VARIANTS = {
     "float32": {"dtype": "float32"},

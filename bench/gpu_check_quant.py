@@ -143,7 +143,7 @@ def _fp8_case(cfg, device, timed, shape, checks: list, timings: list) -> None:
         quantize_activations_reference,
         quantize_activations_triton,
     )
-    from engine.gpu_kernels.fp8_block import fp8_block_gemm, fp8_block_linear
+    from engine.gpu_kernels.fp8_block_gemm import fp8_block_gemm, fp8_block_linear
 
     m, k, n = shape
     x = torch.randn(m, k, device=device, dtype=torch.bfloat16)

@@ -21,7 +21,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.benchmarks.accuracy import _windows, python_text, score_window
-from engine.calibration import calibrate_without_fixed_scales
+from engine.kv.calibration import calibrate_without_fixed_scales
 
 MODEL = "smollm2-135m-instruct"
 CONTEXT = 2048

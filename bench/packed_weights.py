@@ -138,7 +138,7 @@ def dense_bf16_bytes(llm) -> int:
 
 def load(path: Path, mode: str, dtype: str = "bfloat16", kv_cache_dtype: str | None = None):
     from engine import LLM
-    from engine.calibration import calibrate_without_fixed_scales
+    from engine.kv.calibration import calibrate_without_fixed_scales
 
     start = time.perf_counter()
     llm = LLM(
@@ -241,7 +241,7 @@ def packed_breakdown(llm) -> dict:
 def kernel_accuracy(rows: int = 8, cols: int = 1024, out: int = 1024) -> dict:
     """Relative RMS error against float64 products of the exact weights (float32 outputs)."""
     from engine.cpu_kernels.packed_matmul import fp8_block_matmul, int4_matmul, tile_rows
-    from engine.weights.fp8_block import dequantize_fp8_block, quantize_fp8_block
+    from engine.weights.fp8_block_format import dequantize_fp8_block, quantize_fp8_block
     from engine.weights.int4_packed import pack_int4
 
     gen = torch.Generator().manual_seed(0)
@@ -299,7 +299,7 @@ def kernel_speed(cols: int = 1024, out: int = 1024, rows_list=(1, 2, 8, 32)) -> 
         int4_matmul,
         tile_rows,
     )
-    from engine.weights.fp8_block import quantize_fp8_block
+    from engine.weights.fp8_block_format import quantize_fp8_block
     from engine.weights.int4_packed import pack_int4
 
     gen = torch.Generator().manual_seed(1)

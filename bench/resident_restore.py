@@ -71,7 +71,7 @@ async def agent_turn(model: str, snapshot: str) -> dict:
 
 
 def serve_turn(model: str, token_ids: list[int]) -> dict:
-    from engine.sampling_params import SamplingParams
+    from engine.sampling.params import SamplingParams
     from engine.server.launch import ServeOptions, build_engine, restore_prefixes, save_prefixes
 
     engine = build_engine(ServeOptions(model=model))
@@ -97,8 +97,8 @@ def main() -> None:
     model = sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m-instruct"
     target = int(sys.argv[2]) if len(sys.argv) > 2 else 5000
     os.environ["RESIDENT_CACHE_DIR"] = tempfile.mkdtemp(prefix="resident-bench-kv-")
-    from engine.model_store import resolve_model
-    from engine.tokenizer import load_tokenizer
+    from engine.model_files.store import resolve_model
+    from engine.tokenizers.loading import load_tokenizer
 
     tokenizer = load_tokenizer(resolve_model(model))
     snapshot = snapshot_text(tokenizer, target)

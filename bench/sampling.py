@@ -7,7 +7,7 @@
 
 `old` is the per-row sampler this replaced (copied below, as it was): the whole
 [batch, vocab] logits to the host, then per row penalties, filters,
-torch.multinomial and log_softmax. `new` is engine.sampler.Sampler. Both run in
+torch.multinomial and log_softmax. `new` is engine.sampling.sampler.Sampler. Both run in
 the same process on the same logits; each figure is the best of a few rounds,
 in milliseconds per step. Scenarios:
 - greedy: temperature 0 (one argmax over the batch in both);
@@ -29,12 +29,12 @@ from functools import partial
 
 import torch
 
+from engine.core.sequence import Sequence, TokenLogprob
 from engine.cpu_kernels.argmax import row_argmax
-from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence, TokenLogprob
+from engine.sampling.params import SamplingParams
+from engine.sampling.sampler import Sampler
 
-# ----- the sampler before issue 16 item 5 (engine/sampler.py at ab10e63) -------------
+# ----- the sampler before issue 16 item 5 (engine/sampling/sampler.py at ab10e63) -------------
 
 
 def old_apply_penalties(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:

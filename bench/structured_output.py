@@ -16,7 +16,7 @@ and sampled (temperature 1.0, seed = task index), in three situations:
   (`parallel_tool_calls: false`) and any number.
 
 An answer is a valid call when it holds at least one call, every call parses
-and its arguments validate against the tool's schema (engine.json_schema),
+and its arguments validate against the tool's schema (engine.grammar.json_schema),
 and nothing malformed is left over. Anything else is malformed: `no_call`
 (prose), `cut_off` (the token budget ran out inside a call), `unparsable`
 (markup the parser rejected) or `schema_invalid`.
@@ -45,13 +45,13 @@ from engine import LLM, SamplingParams
 from engine.grammar import StructuredOutput
 from engine.grammar import masks as grammar_masks
 from engine.grammar.backend import GrammarBackend, backend_for
-from engine.json_schema import schema_errors
+from engine.grammar.json_schema import schema_errors
 from engine.rendering import ChatRenderer
-from tools.file_edit import EditTool
-from tools.file_read import ReadTool
-from tools.file_search import ListTool
-from tools.grep import GrepTool
-from tools.shell import ShellTool
+from tools.files.edit import EditTool
+from tools.files.grep import GrepTool
+from tools.files.read import ReadTool
+from tools.files.search import ListTool
+from tools.shell.tool import ShellTool
 
 MODEL = "smollm2-135m-instruct"
 SYSTEM = (
@@ -278,7 +278,9 @@ def compile_times(llm: LLM) -> dict:
     """First-use costs, on a fresh backend: the vocabulary walk, then each grammar's compile."""
     engine = llm.engine
     start = time.perf_counter()
-    backend = GrammarBackend(engine.tokenizer, engine.model_config.vocab_size, engine.eos_token_ids)
+    backend = GrammarBackend(
+        engine.tokenizers.loading, engine.model_files.model_config.vocab_size, engine.eos_token_ids
+    )
     report = {"tokenizer_info_ms": round(1e3 * (time.perf_counter() - start), 1)}
     tools = tool_schemas()
     specs = {
@@ -298,17 +300,19 @@ def mask_step(llm: LLM, repeats: int = 200) -> dict:
     """The mask step alone: 1 or 16 constrained rows in a [16, vocab] batch, matchers
     inside a JSON string (where most tokens are allowed) and between values."""
     engine = llm.engine
-    backend = backend_for(engine.tokenizer, engine.model_config.vocab_size, engine.eos_token_ids)
+    backend = backend_for(
+        engine.tokenizers.loading, engine.model_files.model_config.vocab_size, engine.eos_token_ids
+    )
     spec = StructuredOutput.for_json_schema(ENDLESS)
     states = {
         "in_string": '{"lines": ["the quick brown',
         "between_values": '{"lines": ["a", "b"',
     }
-    vocab = engine.model_config.vocab_size
+    vocab = engine.model_files.model_config.vocab_size
     logits = torch.randn(16, vocab)
     report = {}
     for state, text in states.items():
-        ids = engine.tokenizer.encode(text, add_special_tokens=False)
+        ids = engine.tokenizers.loading.encode(text, add_special_tokens=False)
         for rows in (1, 16):
             seqs = [
                 _Seq(backend.request_grammar(spec) if i < rows else None, list(ids))

@@ -25,11 +25,11 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
-from engine.engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
+from engine.core.outputs import RequestOutput
 from engine.errors import WorkerDiedError
 from engine.host.threads import claim_compute_threads, quiet_this_thread, restore_this_thread
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.sampling.params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,8 @@ class AsyncEngine:
     def open(cls, config: EngineConfig) -> AsyncEngine:
         """The engine as `resident serve` runs it: an FP8 cache without fixed scales is
         calibrated on a built-in sample first, so the first request, however short,
-        does not set them (engine.calibration)."""
-        from engine.calibration import calibrate_without_fixed_scales
+        does not set them (engine.kv.calibration)."""
+        from engine.kv.calibration import calibrate_without_fixed_scales
 
         engine = LLMEngine(config)
         calibrate_without_fixed_scales(engine)

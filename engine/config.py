@@ -43,13 +43,13 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = True
     verify_prefix_cache: bool = False  # hash shared pages and check them on reuse
     max_waiting: int | None = Field(default=None, ge=1)  # beyond it: overloaded
-    # The disk tier of the prefix cache (engine/prefix_store.py): off for the
+    # The disk tier of the prefix cache (engine/kv/prefix_store.py): off for the
     # library, on for the agent's local engine and `resident serve`.
     kv_disk: bool = False
     kv_disk_gib: float = Field(default=8.0, gt=0)
     kv_disk_dir: str | None = None  # default: RESIDENT_CACHE_DIR/kv or the user cache
     # The host-memory tier that pinned prefix pages spill to when they give way under
-    # pool pressure (engine/prefix_spill.py), in GiB; 0 turns it off. None: on for a
+    # pool pressure (engine/kv/prefix_spill.py), in GiB; 0 turns it off. None: on for a
     # pool on a GPU (min(8 GiB, a quarter of the host's RAM)), off for a CPU pool,
     # whose pages are host memory already (they spill to the disk tier, if on).
     kv_host_gib: float | None = Field(default=None, ge=0)

@@ -13,13 +13,13 @@ import torch
 
 from engine.chat import ParsedChatMessage
 from engine.config import EngineConfig, engine_settings
-from engine.engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
+from engine.core.outputs import RequestOutput
 from engine.errors import EngineError, KVCapacityError
 from engine.kv.quant import CALIBRATION_MARGIN
 from engine.kv.scales import scales_document, write_scales_file
-from engine.outputs import RequestOutput
 from engine.rendering import ChatRenderer, RenderedChat
-from engine.sampling_params import SamplingParams
+from engine.sampling.params import SamplingParams
 
 GIB = 1024**3
 

@@ -24,7 +24,7 @@ os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 # ruff: noqa: E402
 
 from tools.base import Arguments, Effect, Registry, Tool, ToolAccess, ToolCall, ToolResult
-from tools.checkpoints import (
+from tools.checkpoints.store import (
     Change,
     Checkpoint,
     CheckpointError,
@@ -33,15 +33,15 @@ from tools.checkpoints import (
     open_checkpoint_store,
 )
 from tools.context import ToolContext, ToolLimits
-from tools.file_edit import EditTool
-from tools.file_read import ReadTool
-from tools.file_search import GlobTool, ListTool
-from tools.file_state import FileStamp, FileStateLedger
-from tools.file_write import WriteTool
-from tools.git import GitCommitTool, GitDiffTool, GitLogTool, GitStatusTool
-from tools.grep import GrepTool
-from tools.permissions import ApprovalMode, Decision, PermissionPolicy, Rule, Verdict
-from tools.shell import ShellTool
+from tools.files.edit import EditTool
+from tools.files.grep import GrepTool
+from tools.files.read import ReadTool
+from tools.files.search import GlobTool, ListTool
+from tools.files.state import FileStamp, FileStateLedger
+from tools.files.write import WriteTool
+from tools.git.tool import GitCommitTool, GitDiffTool, GitLogTool, GitStatusTool
+from tools.permissions.policy import ApprovalMode, Decision, PermissionPolicy, Rule, Verdict
+from tools.shell.tool import ShellTool
 
 
 def default_tools() -> list[Tool]:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tools.context import ToolContext
-from tools.sandbox import READ_ONLY, SandboxGrant
+from tools.sandbox.bubblewrap import READ_ONLY, SandboxGrant
 from tools.schema import describe_validation_error, expected_shape, function_schema
 
 log = logging.getLogger(__name__)

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.file_access import FileAccess
-from tools.file_state import FileStateLedger
-from tools.sandbox import Sandbox, SandboxSettings
+from tools.files.access import FileAccess
+from tools.files.state import FileStateLedger
+from tools.sandbox.bubblewrap import Sandbox, SandboxSettings
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class ToolContext:
     the allow-list is applied. `sandbox` is the OS sandbox shell commands run
     in; None means there is none (the permission policy then fails closed).
     `file_access` is the editor the read, write and edit tools go through
-    when one drives the agent (tools.file_access); None: the disk.
+    when one drives the agent (tools.files.access); None: the disk.
     """
 
     workspace: Path

@@ -43,8 +43,8 @@ from agent.core.loop import TaskOutcome
 from agent.core.runtime import Runtime, RuntimeOptions, open_runtime
 from agent.core.tool_runner import ApprovalAnswer, ApprovalRequest
 from tools import ApprovalMode
-from tools.paths import PathError, resolve_path
-from tools.sandbox import SandboxUnavailable
+from tools.sandbox.bubblewrap import SandboxUnavailable
+from tools.workspace.paths import PathError, resolve_path
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ def mcp_list(
     from agent.core.mcp.manager import McpManager
     from agent.core.mcp.report import status_json, status_lines
     from tools import default_tools
-    from tools.sandbox import Sandbox, detect_sandbox
+    from tools.sandbox.bubblewrap import Sandbox, detect_sandbox
 
     root = Path(os.path.realpath(workspace or Path.cwd()))
     if not root.is_dir():

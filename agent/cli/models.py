@@ -66,8 +66,8 @@ def models_calibrate(
 ) -> None:
     """Measure FP8 KV scales on your own text and write them for `resident serve --kv-scales`."""
     from engine import LLM
-    from engine.calibration import calibrate_on_texts
     from engine.errors import EngineError
+    from engine.kv.calibration import calibrate_on_texts
     from engine.kv.scales import write_scales_file
 
     if kv_rotation not in ("auto", "none", "hadamard"):

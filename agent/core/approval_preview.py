@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.tool_runner import ApprovalRequest
-from tools.paths import PathError, resolve_path
+from tools.workspace.paths import PathError, resolve_path
 
 MAX_PREVIEW_BYTES = 512 * 1024
 

@@ -16,7 +16,7 @@ from agent.core.runtime import Runtime, RuntimeOptions, open_runtime
 from agent.core.session import SessionMeta, SessionStore
 from agent.core.tool_runner import ApprovalCallback, ApprovalRequest
 from tools import ApprovalMode, RestoreReport
-from tools.git import GitDiffArgs, GitDiffTool
+from tools.git.tool import GitDiffArgs, GitDiffTool
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import ctypes.util
 import os
 import sys
 
-from tools.environment import is_secret_variable
+from tools.process.environment import is_secret_variable
 
 _PR_SET_DUMPABLE = 4
 # Variables that configure the agent, or name an agent socket the user's own git

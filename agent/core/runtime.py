@@ -30,10 +30,10 @@ from tools import (
     default_tools,
     open_checkpoint_store,
 )
-from tools.checkpoints import prune
-from tools.file_access import FileAccess
-from tools.process_limits import process_cap_mechanism
-from tools.sandbox import Sandbox, SandboxSettings, SandboxUnavailable, detect_sandbox
+from tools.checkpoints.store import prune
+from tools.files.access import FileAccess
+from tools.process.limits import process_cap_mechanism
+from tools.sandbox.bubblewrap import Sandbox, SandboxSettings, SandboxUnavailable, detect_sandbox
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 # Checkpoints a workspace keeps: /undo walks back through recent edits; older

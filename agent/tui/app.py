@@ -48,7 +48,7 @@ from agent.tui.widgets.reasoning import ReasoningBlock
 from agent.tui.widgets.status_bar import StatusBar
 from agent.tui.widgets.tool_block import ToolBlock
 from agent.tui.widgets.work_indicator import WorkIndicator
-from tools.walk import visible_files
+from tools.workspace.walk import visible_files
 
 WORKING = "Working · ctrl+c interrupts"
 

@@ -246,9 +246,9 @@ def run_accuracy(
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         path, label = _open_model(model, Path(scratch))
-        from engine.model_config import load_config
-        from engine.model_store import resolve_model
-        from engine.tokenizer import load_tokenizer
+        from engine.model_files.model_config import load_config
+        from engine.model_files.store import resolve_model
+        from engine.tokenizers.loading import load_tokenizer
 
         model_dir = resolve_model(path)
         tokenizer = load_tokenizer(model_dir)

@@ -83,7 +83,7 @@ def _library_path(llm, max_tokens: int, threads: int) -> Path:
 
 
 def _async_path(engine, max_tokens: int) -> Path:
-    from engine.sampling_params import SamplingParams
+    from engine.sampling.params import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     ids = iter(range(10**9))
@@ -153,8 +153,8 @@ async def _measure_all(
 ) -> dict:
     from engine import LLM
     from engine.async_engine import AsyncEngine
-    from engine.calibration import calibrate_without_fixed_scales
     from engine.config import EngineConfig
+    from engine.kv.calibration import calibrate_without_fixed_scales
 
     record: dict = {}
     # A new connection per request: some servers (llama-server) close a streamed

@@ -75,7 +75,7 @@ def _engine_run(
     attention_backend: str | None = None,
 ) -> dict:
     from engine import LLM, SamplingParams
-    from engine.calibration import calibrate_without_fixed_scales
+    from engine.kv.calibration import calibrate_without_fixed_scales
 
     # LLM's defaults are `resident serve`'s (engine.config.engine_settings), so this
     # measures the engine the server and the agent run; a backend given forces one.
@@ -167,9 +167,9 @@ def run_throughput(
     attention_backend: str | None = None,
 ) -> dict:
     from engine.host.cpu_features import describe_cpu
-    from engine.model_config import load_config
-    from engine.model_store import resolve_model
-    from engine.tokenizer import load_tokenizer
+    from engine.model_files.model_config import load_config
+    from engine.model_files.store import resolve_model
+    from engine.tokenizers.loading import load_tokenizer
 
     model_dir = str(resolve_model(model))
     context = load_config(Path(model_dir)).max_position_embeddings

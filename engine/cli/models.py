@@ -15,7 +15,7 @@ models_app = typer.Typer(help="List and fetch models.", no_args_is_help=True)
 @models_app.command("list")
 def models_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Models Resident knows by name, and whether they are downloaded."""
-    from engine.model_store import list_models
+    from engine.model_files.store import list_models
 
     entries = list_models()
     if as_json:
@@ -30,7 +30,7 @@ def models_list(as_json: bool = typer.Option(False, "--json", help="Print JSON."
 def models_pull() -> None:
     """Fetch and convert the default model (SmolLM2-135M-Instruct); does nothing if present."""
     from engine.errors import EngineError
-    from engine.model_store import pull_default_model
+    from engine.model_files.store import pull_default_model
 
     try:
         path = pull_default_model(progress=sys.stderr.isatty())

@@ -26,7 +26,13 @@ def plan_command(
 ) -> None:
     """KV bytes per token and BF16/FP8 KV capacity for a model on a GPU set, without weights."""
     from engine.errors import EngineError
-    from engine.planner import PlanInputs, assumption_lines, plan, preset_names, render_plans
+    from engine.planner.capacity import (
+        PlanInputs,
+        assumption_lines,
+        plan,
+        preset_names,
+        render_plans,
+    )
 
     specs = list(model or []) + (preset_names() if all_presets else [])
     if not specs:

@@ -302,7 +302,7 @@ class _Stopped(Exception):
 def run_node(config: EngineConfig) -> int:
     """A node other than 0: start its ranks and wait; exit when they do (0 when all
     stopped cleanly). SIGTERM (0) or SIGINT (130) stop the workers first."""
-    from engine.model_store import resolve_model
+    from engine.model_files.store import resolve_model
 
     if config.node_rank == 0:
         raise ValueError("node 0 runs the engine; run_node is for the other nodes")

@@ -40,7 +40,7 @@ class StepMessage:
 
 
 def describe_step(batch, want: set[int], page_size: int) -> StepMessage:
-    """Rank 0: the message for this scheduled batch (engine.scheduler.ScheduledSequence)."""
+    """Rank 0: the message for this scheduled batch (engine.core.scheduler.ScheduledSequence)."""
     sequences = []
     for item in batch:
         seq = item.seq
@@ -61,7 +61,7 @@ def describe_step(batch, want: set[int], page_size: int) -> StepMessage:
 
 @dataclass(slots=True)
 class WorkerSequence:
-    """The part of engine.sequence.Sequence the runner reads."""
+    """The part of engine.core.sequence.Sequence the runner reads."""
 
     num_computed_tokens: int
     pages: list[int]
@@ -69,7 +69,7 @@ class WorkerSequence:
 
 @dataclass(slots=True)
 class WorkerItem:
-    """A stand-in for engine.scheduler.ScheduledSequence that ModelRunner.run accepts."""
+    """A stand-in for engine.core.scheduler.ScheduledSequence that ModelRunner.run accepts."""
 
     seq: WorkerSequence
     num_tokens: int

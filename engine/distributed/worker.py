@@ -2,7 +2,7 @@
 
 The process is started by engine.distributed.launch (spawn). It builds its
 model shard, KV pool and runner with the same function rank 0 uses
-(engine.model_stack), then loops: receive rank 0's message over the control
+(engine.core.model_stack), then loops: receive rank 0's message over the control
 group, rebuild the batch, run the same forward (its collectives meet rank
 0's), until a shutdown message. Only rank 0 samples.
 
@@ -124,7 +124,7 @@ def worker_main(spec: WorkerSpec, errors: Connection) -> None:
             spec.config.expert_parallel,
             COLLECTIVE_TIMEOUT_S,
         )
-        from engine.model_stack import build_model_stack
+        from engine.core.model_stack import build_model_stack
 
         stack = build_model_stack(spec.config, Path(spec.model_dir), device)
         serve_steps(stack.runner, spec.config.deterministic, watchdog)

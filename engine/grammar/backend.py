@@ -88,7 +88,11 @@ def backend_for(tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int]) 
 def engine_backend(engine: Any) -> GrammarBackend:
     """The backend for an LLMEngine's tokenizer; GrammarError when the model has none."""
     try:
-        return backend_for(engine.tokenizer, engine.model_config.vocab_size, engine.eos_token_ids)
+        return backend_for(
+            engine.tokenizers.loading,
+            engine.model_files.model_config.vocab_size,
+            engine.eos_token_ids,
+        )
     except ValueError as error:
         raise GrammarError(
             f"constrained decoding is unavailable for this model: {error}"

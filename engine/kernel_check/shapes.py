@@ -71,7 +71,7 @@ def _int4_group(quant: dict[str, Any] | None) -> int:
 
 def model_shapes() -> list[ModelShape]:
     """One shape per planner preset, read as the engine reads a config.json."""
-    from engine.planner import preset_names, resolve_model
+    from engine.planner.capacity import preset_names, resolve_model
 
     shapes = []
     for name in preset_names():

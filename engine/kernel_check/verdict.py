@@ -20,7 +20,7 @@ SPILL_FREE_MODULES = {
     "engine.attention.triton.decode": "decode attention",
     "engine.attention.triton.mla_decode": "MLA decode",
     "engine.gpu_kernels.w4a16": "W4A16 GEMM",
-    "engine.gpu_kernels.fp8_block": "FP8-block GEMM",
+    "engine.gpu_kernels.fp8_block_gemm": "FP8-block GEMM",
     "engine.gpu_kernels.fused_moe": "fused MoE",
 }
 USED_BY_KEPT = 8  # deployments listed per row in the JSON (the count is always there)

@@ -10,7 +10,7 @@ One file per page (not per prefix) because prefixes share their leading pages
 evicted page costs only the pages after it, and LRU by page mirrors the
 radix tree in memory. The host tier (engine/kv/host_tier.py) keys spilled
 pages the same way; pinned pages that give way under pool pressure land here
-when it is off or full (engine/prefix_spill.py).
+when it is off or full (engine/kv/prefix_spill.py).
 
 Layout under the root (platformdirs' user cache dir + /kv, or RESIDENT_CACHE_DIR):
 

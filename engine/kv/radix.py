@@ -14,7 +14,7 @@ preempting or failing a request). A pinned node that gives way stays in the
 tree as a *spilled* node: same tokens, same pins, no page. So a pin handle
 stays valid (unpin works and keeps the counts exact), `match` stops in front
 of it (its tokens are not cached), and the next `insert` of those tokens (a
-restore from the spill tier, engine/prefix_spill.py, or a plain prefill)
+restore from the spill tier, engine/kv/prefix_spill.py, or a plain prefill)
 gives it a page again, still pinned. Before its page goes back to the pool,
 the `spill` hook sees it, so its bytes can be copied out. Spilled nodes
 nobody pins any more are forgotten. Invariant: a resident node's ancestors
@@ -85,7 +85,7 @@ class RadixCache:
         self._clock = itertools.count(1)
         self.num_pages = 0
         # Called with [(node, page)] of pinned nodes giving way, before those pages
-        # return to the pool (engine/prefix_spill.py copies them out).
+        # return to the pool (engine/kv/prefix_spill.py copies them out).
         self.spill: Callable[[list[tuple[RadixNode, int]]], None] | None = None
         self.hit_tokens = 0
         self.query_tokens = 0

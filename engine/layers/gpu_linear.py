@@ -54,7 +54,7 @@ def block_grid_of_rows(row_scales: torch.Tensor, block_rows: int) -> torch.Tenso
 
 
 def fp8_linear(layer: nn.Linear, x: torch.Tensor, grid: torch.Tensor, block) -> torch.Tensor:
-    from engine.gpu_kernels.fp8_block import fp8_block_linear
+    from engine.gpu_kernels.fp8_block_gemm import fp8_block_linear
 
     out = fp8_block_linear(x, layer.weight, grid, block)
     if layer.bias is not None:

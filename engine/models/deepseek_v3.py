@@ -40,7 +40,7 @@ from engine.layers.moe_routing import RoutingConfig
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, rope_inv_freq
 from engine.layers.yarn import softmax_scale_multiplier
-from engine.model_config import ModelConfig
+from engine.model_files.model_config import ModelConfig
 from engine.models.base import CausalLM, ForwardContext, PreNormDecoderLayer
 from engine.models.moe_mlp import feed_forward, moe_packed_modules
 

@@ -17,7 +17,7 @@ from engine.layers.linear import FusedLinear, RowParallelLinear, RowSlice
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, model_rotary
 from engine.layers.vocab_parallel import VocabParallelEmbedding
-from engine.model_config import ModelConfig
+from engine.model_files.model_config import ModelConfig
 from engine.models.base import CausalLM, ForwardContext, PreNormDecoderLayer, RotatedKVAttention
 
 
@@ -99,7 +99,7 @@ class LlamaModel(nn.Module):
     """The trunk: embed, the decoder layers, the final norm.
 
     `decode_step`, when the engine sets one at load (on CPU, FusedDecode:
-    engine/layers/cpu_decode_step.py), may run all the layers of a step in one
+    engine/models/cpu_decode_step.py), may run all the layers of a step in one
     call; it declines the steps it does not cover, which run the layers here.
     """
 

@@ -16,7 +16,7 @@ from torch import nn
 from engine.distributed import parallel
 from engine.layers.moe import SparseMoE
 from engine.layers.moe_routing import RoutingConfig
-from engine.model_config import ModelConfig
+from engine.model_files.model_config import ModelConfig
 from engine.models.llama import GatedMLP
 
 

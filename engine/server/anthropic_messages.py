@@ -33,10 +33,10 @@ from engine.server.anthropic_stream import anthropic_sse_response, message_body,
 from engine.server.anthropic_translate import stop_reason, to_chat_request, usage
 from engine.server.chat_rendering import render_chat
 from engine.server.context import ServerContext
-from engine.server.errors import APIError, bad_request, from_exception
+from engine.server.error_responses import APIError, bad_request, from_exception
 from engine.server.generation import GenerationGroup, Job, unless_disconnected
 from engine.server.request_body import parse_body
-from engine.server.sampling import output_budget, sampling_params
+from engine.server.request_sampling import output_budget, sampling_params
 
 # Model names that stand for the served model (see served_name).
 CLAUDE_PREFIX = "claude-"

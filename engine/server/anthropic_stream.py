@@ -21,11 +21,11 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from engine.outputs import RequestOutput
+from engine.core.outputs import RequestOutput
 from engine.server.anthropic_blocks import ContentBlocks
 from engine.server.anthropic_translate import usage
 from engine.server.chat_rendering import ChatPrompt
-from engine.server.errors import GenerationFailed
+from engine.server.error_responses import GenerationFailed
 from engine.server.generation import GenerationGroup
 from engine.server.streaming import SSE_HEADERS
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from engine.outputs import RequestOutput
+from engine.core.outputs import RequestOutput
 from engine.server.anthropic_protocol import (
     Conversation,
     InputMessage,
@@ -39,7 +39,7 @@ from engine.server.anthropic_protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from engine.server.errors import GenerationFailed, bad_request, from_validation_error
+from engine.server.error_responses import GenerationFailed, bad_request, from_validation_error
 from engine.server.protocol import ChatCompletionRequest
 
 # Prepended to a tool result marked `is_error`: chat templates have no field for

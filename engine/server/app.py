@@ -20,7 +20,7 @@ from engine.server.auth import ApiKeyMiddleware
 from engine.server.chat_completions import create_chat_completion
 from engine.server.completions import create_completion
 from engine.server.context import ServerContext
-from engine.server.errors import (
+from engine.server.error_responses import (
     APIError,
     from_exception,
     install_error_handlers,

@@ -18,14 +18,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from engine.chat import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallEnd, ToolCallError
-from engine.outputs import RequestOutput
+from engine.core.outputs import RequestOutput
 from engine.server.chat_rendering import ChatPrompt, render_chat
 from engine.server.context import ServerContext, new_request_id
-from engine.server.errors import GenerationFailed
+from engine.server.error_responses import GenerationFailed
 from engine.server.generation import GenerationGroup, Job, unless_disconnected
 from engine.server.logprobs import TokenText, chat_logprobs
 from engine.server.protocol import ChatCompletionRequest
-from engine.server.sampling import output_budget, sampling_params
+from engine.server.request_sampling import output_budget, sampling_params
 from engine.server.streaming import sse_response
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.rendering import ChatRenderer, ChatRenderError, NoChatTemplateError, RenderedChat
-from engine.server.errors import bad_request
+from engine.server.error_responses import bad_request
 from engine.server.protocol import ChatCompletionRequest, NamedToolChoice
 from engine.server.served_model import ServedModel
 

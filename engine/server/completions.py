@@ -16,13 +16,13 @@ from fastapi.responses import JSONResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine.outputs import RequestOutput
+from engine.core.outputs import RequestOutput
 from engine.server.context import ServerContext, new_request_id
-from engine.server.errors import GenerationFailed, bad_request
+from engine.server.error_responses import GenerationFailed, bad_request
 from engine.server.generation import GenerationGroup, Job, unless_disconnected
 from engine.server.logprobs import CompletionLogprobs, TokenText
 from engine.server.protocol import CompletionRequest
-from engine.server.sampling import output_budget, sampling_params
+from engine.server.request_sampling import output_budget, sampling_params
 from engine.server.streaming import sse_response
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.server.auth import cache_salt
-from engine.server.errors import APIError
+from engine.server.error_responses import APIError
 from engine.server.metrics import ServerMetrics
 from engine.server.served_model import ServedModel
 

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
-from engine.server.errors import ClientDisconnected
+from engine.core.outputs import RequestOutput
+from engine.sampling.params import SamplingParams
+from engine.server.error_responses import ClientDisconnected
 from engine.server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)

@@ -54,9 +54,9 @@ class ServeOptions:
     # auto: triton on CUDA, else the C kernels on CPU, else torch.
     attention_backend: str = default_setting("attention_backend")
     cpu_kernel: str = default_setting("cpu_kernel")  # grid-weight products: int8 or bf16
-    # Cached prefixes' KV kept on disk across restarts (engine/prefix_store.py).
+    # Cached prefixes' KV kept on disk across restarts (engine/kv/prefix_store.py).
     kv_disk: bool = True
-    # The host-memory tier pinned pages spill to under pressure (engine/prefix_spill.py):
+    # The host-memory tier pinned pages spill to under pressure (engine/kv/prefix_spill.py):
     # GiB, 0 off; None: on for a GPU pool, off on CPU.
     kv_host_gib: float | None = None
     speculative: str = default_setting("speculative")  # none or prompt_lookup

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.sequence import TokenLogprob
+from engine.core.sequence import TokenLogprob
 
 
 class TokenText:

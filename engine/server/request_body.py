@@ -15,7 +15,12 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from engine.server.errors import APIError, ClientDisconnected, bad_request, from_validation_error
+from engine.server.error_responses import (
+    APIError,
+    ClientDisconnected,
+    bad_request,
+    from_validation_error,
+)
 
 # A request body larger than this is refused before it is parsed.
 MAX_BODY_BYTES = 32 * 1024 * 1024

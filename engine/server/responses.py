@@ -26,12 +26,12 @@ from starlette.responses import Response
 from engine.server.chat_rendering import render_chat
 from engine.server.context import ServerContext
 from engine.server.generation import GenerationGroup, Job, unless_disconnected
+from engine.server.request_sampling import output_budget, sampling_params
 from engine.server.responses_input import chat_request, input_items, text_format
 from engine.server.responses_protocol import ResponsesRequest, new_id, response_shell
 from engine.server.responses_store import ResponseStore
 from engine.server.responses_stream import ResponseAssembler, stream_response
 from engine.server.responses_tools import response_tools
-from engine.server.sampling import output_budget, sampling_params
 
 ParseBody = Callable[[Request, type], Awaitable[Any]]
 Answer = Callable[[Awaitable[Response]], Awaitable[Response]]

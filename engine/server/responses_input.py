@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from engine.server.errors import APIError, bad_request, from_validation_error
+from engine.server.error_responses import APIError, bad_request, from_validation_error
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.responses_protocol import ResponsesRequest, decode_reasoning
 from engine.server.responses_tools import joined_name

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from engine.server.errors import APIError
+from engine.server.error_responses import APIError
 
 MAX_RESPONSES = 1024
 MAX_STORED_CHARS = 64 * 1024 * 1024

@@ -30,9 +30,9 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from engine.chat import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallEnd, ToolCallError
-from engine.outputs import RequestOutput
+from engine.core.outputs import RequestOutput
 from engine.server.chat_rendering import ChatPrompt
-from engine.server.errors import APIError, GenerationFailed, from_exception
+from engine.server.error_responses import APIError, GenerationFailed, from_exception
 from engine.server.generation import GenerationGroup
 from engine.server.responses_protocol import encode_reasoning, new_id, usage
 from engine.server.streaming import SSE_HEADERS

@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.server.errors import bad_request
+from engine.server.error_responses import bad_request
 
 log = logging.getLogger(__name__)
 

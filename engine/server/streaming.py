@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi.responses import StreamingResponse
 
-from engine.server.errors import from_exception
+from engine.server.error_responses import from_exception
 from engine.server.generation import GenerationGroup
 
 log = logging.getLogger(__name__)

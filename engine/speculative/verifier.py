@@ -29,7 +29,7 @@ import torch
 from engine.cpu_kernels.argmax import row_argmax
 from engine.sampling.draw import inverse_cdf, uniforms
 from engine.sampling.filters import TOP_P_CANDIDATES, filtered_probs
-from engine.sampling_params import SamplingParams
+from engine.sampling.params import SamplingParams
 
 
 def accept_prefix(draft: list[int], targets: list[int]) -> list[int]:

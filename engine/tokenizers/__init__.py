@@ -1,6 +1,6 @@
 """Tokenizers the engine reads itself, and chat-template rendering shared by them.
 
-`engine.tokenizer.load_tokenizer` picks between these and transformers.
+`engine.tokenizers.loading.load_tokenizer` picks between these and transformers.
 """
 
 from engine.tokenizers.chat_template import render_chat_template

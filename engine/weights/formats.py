@@ -15,8 +15,8 @@ from collections.abc import Iterable
 import torch
 
 from engine.errors import UnsupportedModelError
-from engine.model_config import ModelConfig
-from engine.weights.fp8_block import Fp8BlockDecoder
+from engine.model_files.model_config import ModelConfig
+from engine.weights.fp8_block_format import Fp8BlockDecoder
 from engine.weights.int4_packed import PackedInt4Decoder, PackedInt4Scheme
 from engine.weights.parts import Tensors
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 
-from engine.model_config import ModelConfig
+from engine.model_files.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 

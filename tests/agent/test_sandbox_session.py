@@ -9,7 +9,7 @@ import sys
 
 from tests.agent.helpers import attached, run_cli
 from tests.agent.scripted_server import Reply, ScriptedServer, call
-from tools.sandbox import SandboxUnavailable, detect_sandbox
+from tools.sandbox.bubblewrap import SandboxUnavailable, detect_sandbox
 
 
 def test_session_started_names_the_sandbox_and_commands_run_in_it(repo):

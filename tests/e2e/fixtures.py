@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.model_store import default_model_dir, is_complete
+from engine.model_files.store import default_model_dir, is_complete
 from engine.server.served_model import ServedModel
 from tests.engine.checkpoints import save_tokenizer
 

@@ -8,7 +8,7 @@ import pytest
 
 from engine.server.auth import cache_salt, key_salt
 from engine.server.chat_rendering import render_chat
-from engine.server.errors import APIError
+from engine.server.error_responses import APIError
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tests.e2e.fixtures import SEARCH_TOOL, WEATHER_TOOL, hermes_tokenizer, served
 from tests.engine.checkpoints import CHATML_TEMPLATE, save_tokenizer

@@ -20,7 +20,7 @@ import pytest
 from agent.core.clients import ChatRequest, ToolCallChunk
 from agent.core.clients.local import LocalClient
 from engine import LLM, SamplingParams
-from engine.model_store import default_model_dir
+from engine.model_files.store import default_model_dir
 from engine.server.app import create_app
 from engine.server.background import BackgroundServer
 from engine.server.chat_rendering import render_chat
@@ -78,7 +78,7 @@ class Callers:
         engine = self.llm.engine
         self.scripted = ScriptedEngine()
         # Enough of the AsyncEngine surface for the LocalClient: the real tokenizer and folder.
-        self.scripted.tokenizer = engine.tokenizer
+        self.scripted.tokenizer = engine.tokenizers.loading
         self.scripted.engine = SimpleNamespace(model_dir=engine.model_dir)
         self.scripted.stats = self._stats
         self.served = ServedModel.from_engine(SimpleNamespace(engine=engine), "under-test")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.outputs import CompletionOutput
+from engine.core.outputs import CompletionOutput
 
 
 def margins_of_logits(logits: torch.Tensor) -> list[float]:

@@ -10,7 +10,7 @@ from torch import nn
 
 from engine.layers.cpu_grid_weights import MAX_PACKED_ROWS, pack_grid_weights, pack_if_on_grid
 from engine.layers.linear_methods import MethodLinear, grid_weight_of
-from engine.model_store import default_model_dir, is_complete
+from engine.model_files.store import default_model_dir, is_complete
 
 ROWS, COLS = 48, 128  # 4 groups of 32 per row
 
@@ -158,7 +158,7 @@ def test_the_default_model_packs_whole_and_agrees_with_its_dense_weights(monkeyp
     BF16 ones (every layer keeps its weight) are two BF16 evaluations of the float32
     model: their logits must agree as such (tests/engine/agreement.py), on the packed
     run's greedy continuations, teacher-forced; token equality would be luck."""
-    import engine.model_stack as engine_module
+    import engine.core.model_stack as engine_module
     from engine import LLM, SamplingParams
     from tests.engine.agreement import (
         DEFAULT_MODEL_GENERATED,

@@ -185,7 +185,7 @@ def test_a_model_decodes_the_same_tokens_on_the_cpu_backend(tiny_llama_dir, kv, 
 
 
 def test_cpu_kernel_choice_falls_back_or_says_why(tiny_llama_dir, monkeypatch):
-    import engine.model_stack as engine_module
+    import engine.core.model_stack as engine_module
     from engine import LLM
     from engine.errors import EngineError
 
@@ -299,7 +299,7 @@ def test_row_argmax_answers_as_torch_does_ties_nan_and_infinities():
 def test_fused_decode_steps_equal_the_per_module_path(kv):
     """decode_layers runs the same kernels in the same order: identical tokens and logprobs."""
     from engine import LLM, SamplingParams
-    from engine.model_store import default_model_dir, is_complete
+    from engine.model_files.store import default_model_dir, is_complete
 
     if not is_complete(default_model_dir()):
         pytest.skip("default model not pulled: resident models pull")

@@ -11,7 +11,7 @@ from engine.cpu_kernels import library
 from engine.kv.rotation import HadamardRotation
 from engine.layers.layer_ops import CPU_LAYER_OPS, TORCH_LAYER_OPS
 from engine.layers.rotary import RotaryEmbedding, rope_inv_freq
-from engine.model_store import default_model_dir, is_complete
+from engine.model_files.store import default_model_dir, is_complete
 from tests.engine.agreement import (
     DEFAULT_MODEL_GENERATED,
     DEFAULT_MODEL_PROMPTS,
@@ -124,8 +124,8 @@ def _replaced_methods(model) -> list[str]:
 @needs_default_model
 def test_the_engine_chooses_objects_and_replaces_no_method():
     from engine import LLM
-    from engine.layers.cpu_decode_step import FusedDecode
     from engine.layers.linear_methods import GridMethod
+    from engine.models.cpu_decode_step import FusedDecode
 
     llm = LLM(str(default_model_dir()), kv_cache_dtype="fp8_e4m3", kv_rotation="hadamard")
     model = llm.engine.model

@@ -99,7 +99,7 @@ def test_the_default_model_prefills_as_accurately_on_either_path():
     the BF16 one is no less accurate (RMS against float32: bf16 0.60x int8's here; a
     misplaced code in the expansion makes it many times worse)."""
     from engine import LLM
-    from engine.model_store import default_model_dir, is_complete
+    from engine.model_files.store import default_model_dir, is_complete
 
     if not is_complete(default_model_dir()):
         pytest.skip("the default model is not fetched (make setup)")

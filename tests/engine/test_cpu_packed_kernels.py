@@ -27,7 +27,7 @@ from engine.kv.quant import fp8_bits_to_half
 from engine.layers.linear import FusedLinear
 from engine.layers.linear_methods import MethodLinear
 from engine.layers.packed_methods import Fp8BlockMethod, Fp8Piece, Int4GroupMethod, Int4Piece
-from engine.weights.fp8_block import quantize_fp8_block
+from engine.weights.fp8_block_format import quantize_fp8_block
 from engine.weights.int4_packed import pack_int4
 
 pytestmark = pytest.mark.skipif(

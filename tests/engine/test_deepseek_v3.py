@@ -16,7 +16,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.kv.sizing import kv_bytes_per_token
-from engine.model_config import parse_config
+from engine.model_files.model_config import parse_config
 from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from tests.engine.checkpoints import assert_greedy_matches_reference, reference_logits
 from tests.engine.moe_checkpoints import (

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.model_store import default_model_dir, is_complete
+from engine.model_files.store import default_model_dir, is_complete
 from tests.engine.agreement import assert_greedy_agrees, margins_of_logits
 
 pytestmark = pytest.mark.skipif(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.tokenizers.detokenizer import IncrementalDetokenizer
 from tests.engine.checkpoints import save_tokenizer
 
 

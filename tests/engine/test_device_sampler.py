@@ -1,4 +1,4 @@
-"""The batched sampler (engine.sampler) against a per-row reference written from
+"""The batched sampler (engine.sampling.sampler) against a per-row reference written from
 the definitions: same tokens for the same uniforms, same logprobs, seeds
 independent of the batch, the filtered distribution, and no vocabulary-wide
 copy to the host."""
@@ -11,11 +11,11 @@ from collections import Counter
 import pytest
 import torch
 
-import engine.sampler as sampler_module
-from engine.sampler import Sampler, token_logprobs
+import engine.sampling.sampler as sampler_module
+from engine.core.sequence import Sequence
 from engine.sampling import filters
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.sampling.params import SamplingParams
+from engine.sampling.sampler import Sampler, token_logprobs
 
 # ----- the reference: one row at a time, straight from the definitions ---------------
 

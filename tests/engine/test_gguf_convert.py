@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.gguf_convert import convert_gguf
-from engine.model_store import ModelError, default_model_dir, is_complete
+from engine.model_files.gguf_convert import convert_gguf
+from engine.model_files.store import ModelError, default_model_dir, is_complete
 from tests.engine.gguf_fixtures import CHAT_TEMPLATE, tiny_llama, tiny_tokenizer, write_tiny_gguf
 
 TEXTS = [
@@ -177,7 +177,7 @@ def test_existing_folder_is_replaced(tmp_path, tokenizer):
 
 
 def test_interrupted_conversion_leaves_nothing(tmp_path, tokenizer, monkeypatch):
-    import engine.gguf_convert as gguf_convert
+    import engine.model_files.gguf_convert as gguf_convert
 
     gguf_path = tmp_path / "tiny.gguf"
     write_tiny_gguf(gguf_path, tiny_llama(tokenizer.get_vocab_size(), True), tokenizer)

@@ -19,7 +19,7 @@ from engine.errors import CheckpointError, UnsupportedModelError
 from engine.kv.sizing import kv_bytes_per_token
 from engine.layers.moe import SparseMoE
 from engine.layers.moe_routing import RoutingConfig, route
-from engine.model_config import parse_config
+from engine.model_files.model_config import parse_config
 from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.llama import GatedMLP
 from tests.engine.checkpoints import assert_greedy_matches_reference, reference_logits

@@ -19,12 +19,12 @@ from engine.errors import EngineError
 from engine.grammar import GrammarError, StructuredOutput
 from engine.grammar.backend import GrammarBackend
 from engine.grammar.builder import build_grammar
+from engine.grammar.json_schema import schema_errors
 from engine.grammar.masks import apply_grammar_masks
 from engine.grammar.schema_bounds import bound_numbers
 from engine.grammar.schema_support import check_schema
 from engine.grammar.vocab import build_tokenizer_info
-from engine.json_schema import schema_errors
-from engine.sampling_params import SamplingParams
+from engine.sampling.params import SamplingParams
 from engine.testing.tokenizers import (
     GLM_EOS_TOKENS,
     GLM_VOCAB_SIZE,
@@ -33,7 +33,7 @@ from engine.testing.tokenizers import (
     save_glm_tokenizer,
     save_kimi_tokenizer,
 )
-from engine.tokenizer import load_tokenizer
+from engine.tokenizers.loading import load_tokenizer
 
 READ = {
     "type": "object",

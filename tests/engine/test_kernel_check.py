@@ -59,7 +59,7 @@ def test_verdicts_and_the_table():
     from engine.kernel_check.gpus import H200
     from engine.kernel_check.verdict import coverage_problems, problems, summary, table
 
-    ok = dict(gpu="H200", sm="sm_90", kernel="_k", module="engine.gpu_kernels.fp8_block",
+    ok = dict(gpu="H200", sm="sm_90", kernel="_k", module="engine.gpu_kernels.fp8_block_gemm",
               config="BLOCK_M=16 warps=4", registers=80, spilled=0, shared=30720)  # fmt: skip
     broken = dict(ok, kernel="_bad", registers=None, spilled=None, shared=None,
                   error="NameError: x (at 3:4)")  # fmt: skip

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import engine.gguf_convert as gguf_convert
-from engine import model_store
-from engine.model_store import (
+import engine.model_files.gguf_convert as gguf_convert
+from engine.model_files import store as model_store
+from engine.model_files.store import (
     COMPLETE_MARKER,
     DEFAULT_MODEL_MEMBER,
     DEFAULT_MODEL_NAME,

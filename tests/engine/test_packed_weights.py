@@ -18,9 +18,9 @@ from engine.distributed import parallel
 from engine.layers.linear import FusedLinear, RowSlice
 from engine.layers.linear_methods import MethodLinear, describe_methods, model_weight_bytes
 from engine.layers.packed_methods import Fp8BlockMethod, Fp8Piece, Int4Piece, is_packed_method
-from engine.loader import load_model
+from engine.model_files.loader import load_model
 from engine.testing.checkpoints import make_checkpoint
-from engine.weights.fp8_block import dequantize_fp8_block, quantize_fp8_block
+from engine.weights.fp8_block_format import dequantize_fp8_block, quantize_fp8_block
 from engine.weights.int4_packed import dequantize_packed_int4, pack_int4
 from engine.weights.meta_init import materialize_parameters
 
@@ -192,8 +192,8 @@ def test_tiny_kimi_fp8_holds_within_five_percent_of_its_checkpoint(tmp_path):
 def test_the_planner_prices_fp8_layers_at_what_the_engine_holds(tmp_path):
     """GLM-4.5 with every fused shard on a 128-row block (q, k, v of 128 rows; gate and
     up of 128): the packed layers hold exactly the planner's FP8 price for them."""
-    from engine.model_config import load_config
-    from engine.planner_weights import num_experts, scheme_from_config, weight_groups
+    from engine.model_files.model_config import load_config
+    from engine.planner.weight_bytes import num_experts, scheme_from_config, weight_groups
 
     tiny = make_checkpoint(
         "glm4_moe",

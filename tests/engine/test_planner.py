@@ -2,7 +2,7 @@
 
 Every expected number below is worked out by hand from the published config
 values (DESIGN.md §3), not read back from the planner. Shared formula
-(engine/planner.py), per GPU of one TP=8 replica on 8 x H200:
+(engine/planner/capacity.py), per GPU of one TP=8 replica on 8 x H200:
 
     KV budget = 143,771 MiB x 0.9 - weights on the GPU - 10 GiB
     tokens    = whole 16-token pages of (KV bytes per token on one GPU) in the budget
@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 
 from engine.errors import EngineError
 from engine.kv.sizing import KVLayout, capacity_tokens, kv_bytes_per_token
-from engine.model_config import parse_config
-from engine.planner import PlanError, PlanInputs, kv_layout_for, plan
-from engine.planner_presets import GLM45, PRESETS
-from engine.planner_weights import scheme_from_config
+from engine.model_files.model_config import parse_config
+from engine.planner.capacity import PlanError, PlanInputs, kv_layout_for, plan
+from engine.planner.presets import GLM45, PRESETS
+from engine.planner.weight_bytes import scheme_from_config
 
 GIB = 2**30
 H200 = 143771 * 2**20  # nvidia-smi memory.total

@@ -1,5 +1,5 @@
 """Pinned prefix pages give way under pool pressure, spill to the host (or disk) tier,
-and come back byte-identical instead of being prefilled (engine/prefix_spill.py)."""
+and come back byte-identical instead of being prefilled (engine/kv/prefix_spill.py)."""
 
 from __future__ import annotations
 
@@ -192,7 +192,7 @@ def test_a_waiting_request_does_not_push_pins_out_while_others_run(tiny_llama_di
     engine.add_request([40] * 20, SamplingParams(max_tokens=3, ignore_eos=True), "small")
     engine.add_request([41] * 100, SamplingParams(max_tokens=3, ignore_eos=True), "big")
     engine.step()
-    assert [s.request_id for s in engine.scheduler.running] == ["small"]
+    assert [s.request_id for s in engine.core.scheduler.running] == ["small"]
     assert engine.stats()["kv_spilled_pages"] == 0  # "big" waits for "small"'s pages
     while engine.has_unfinished():
         engine.step()
@@ -202,7 +202,7 @@ def test_a_waiting_request_does_not_push_pins_out_while_others_run(tiny_llama_di
 
 def test_host_tier_default_budget():
     from engine.config import EngineConfig
-    from engine.prefix_spill import DEFAULT_HOST_GIB, GIB, host_budget_bytes, physical_memory
+    from engine.kv.prefix_spill import DEFAULT_HOST_GIB, GIB, host_budget_bytes, physical_memory
 
     config = EngineConfig(model="m")
     assert host_budget_bytes(config, "cpu") == 0  # the pool is host memory already

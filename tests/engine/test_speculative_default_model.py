@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.model_store import default_model_dir, is_complete
+from engine.model_files.store import default_model_dir, is_complete
 
 pytestmark = pytest.mark.skipif(
     not is_complete(default_model_dir()), reason="default model not pulled: resident models pull"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.benchmarks.throughput import format_table, run_throughput
-from engine.model_store import default_model_dir, is_complete
+from engine.model_files.store import default_model_dir, is_complete
 
 
 @pytest.mark.skipif(

@@ -14,7 +14,6 @@ import jinja2
 import pytest
 
 from engine.chat.tool_parsers import Glm45ToolParser, KimiK2ToolParser, detect_tool_parser
-from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import CheckpointError
 from engine.testing.chat_templates import GLM45_TEMPLATE, KIMI_K2_TEMPLATE
 from engine.testing.tokenizers import (
@@ -28,10 +27,11 @@ from engine.testing.tokenizers import (
     save_kimi_tokenizer,
     train_byte_bpe,
 )
-from engine.tokenizer import load_tokenizer
 from engine.tokenizers import KimiTokenizer
 from engine.tokenizers.byte_pieces import piece_to_bytes
+from engine.tokenizers.detokenizer import IncrementalDetokenizer
 from engine.tokenizers.kimi import MAX_RUN_CHARS, _bounded_runs
+from engine.tokenizers.loading import load_tokenizer
 from engine.tokenizers.ranks import write_ranks
 
 TEXTS = {

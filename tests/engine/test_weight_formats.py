@@ -13,10 +13,10 @@ from safetensors.torch import save_file
 
 from engine import LLM, SamplingParams
 from engine.errors import CheckpointError, UnsupportedModelError
-from engine.loader import iter_tensors
-from engine.model_config import parse_config
+from engine.model_files.loader import iter_tensors
+from engine.model_files.model_config import parse_config
 from engine.weights.formats import weight_decoder
-from engine.weights.fp8_block import dequantize_fp8_block, quantize_fp8_block
+from engine.weights.fp8_block_format import dequantize_fp8_block, quantize_fp8_block
 from engine.weights.int4_packed import (
     PackedInt4Decoder,
     PackedInt4Scheme,

@@ -36,9 +36,9 @@ from tests.tools.conftest import commit_all, git
 from tools import default_registry
 from tools.base import Registry, ToolResult
 from tools.context import ToolContext, ToolLimits
-from tools.permissions import PermissionPolicy
-from tools.sandbox import Sandbox, SandboxSettings, SandboxUnavailable, detect_sandbox
-from tools.shell import ShellTool
+from tools.permissions.policy import PermissionPolicy
+from tools.sandbox.bubblewrap import Sandbox, SandboxSettings, SandboxUnavailable, detect_sandbox
+from tools.shell.tool import ShellTool
 
 ROOT = os.geteuid() == 0
 SECRET = "S3CR3T"  # every secret value holds SECRET + the scene's mark: never in any output

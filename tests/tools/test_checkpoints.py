@@ -11,9 +11,9 @@ import pytest
 
 from tests.tools.conftest import commit_all, git, init_repo
 from tools import CheckpointError, open_checkpoint_store
-from tools.checkpoints import prune
-from tools.checkpoints_copy import CopyCheckpointStore
-from tools.checkpoints_git import GitCheckpointStore
+from tools.checkpoints.copies import CopyCheckpointStore
+from tools.checkpoints.git_refs import GitCheckpointStore
+from tools.checkpoints.store import prune
 
 
 def _tree(root: Path) -> dict[str, object]:

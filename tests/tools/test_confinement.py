@@ -8,12 +8,12 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-import tools.file_edit
-import tools.file_guard
-import tools.file_write
-from tools.file_guard import resolve_for_write
-from tools.paths import OutsideWorkspaceError, PathError, resolve_path, sensitivity
-from tools.safe_fs import UnsafePathError, atomic_write
+import tools.files.edit
+import tools.files.guard
+import tools.files.write
+from tools.files.guard import resolve_for_write
+from tools.workspace.paths import OutsideWorkspaceError, PathError, resolve_path, sensitivity
+from tools.workspace.safe_fs import UnsafePathError, atomic_write
 
 
 def test_relative_paths_resolve_inside(workspace):
@@ -131,13 +131,13 @@ def _swap_directory_after_resolving(monkeypatch, module, directory: Path, target
 
     # write and edit both resolve through file_guard.modify_locked; `module` names the
     # tool under test.
-    assert module in (tools.file_write, tools.file_edit)
-    monkeypatch.setattr(tools.file_guard, "resolve_for_write", resolve_then_swap)
+    assert module in (tools.files.write, tools.files.edit)
+    monkeypatch.setattr(tools.files.guard, "resolve_for_write", resolve_then_swap)
 
 
 def test_write_after_a_late_symlink_swap_stays_inside(call, workspace, outside, monkeypatch):
     (workspace / "sub").mkdir()
-    _swap_directory_after_resolving(monkeypatch, tools.file_write, workspace / "sub", outside)
+    _swap_directory_after_resolving(monkeypatch, tools.files.write, workspace / "sub", outside)
     result = call("write", path="sub/new.txt", content="escaped?")
     assert not result.ok
     assert "symbolic link" in result.output
@@ -148,7 +148,7 @@ def test_edit_after_a_late_symlink_swap_stays_inside(call, workspace, outside, m
     (workspace / "sub").mkdir()
     (workspace / "sub" / "secret.txt").write_text("TOP SECRET\n")
     assert call("read", path="sub/secret.txt").ok
-    _swap_directory_after_resolving(monkeypatch, tools.file_edit, workspace / "sub", outside)
+    _swap_directory_after_resolving(monkeypatch, tools.files.edit, workspace / "sub", outside)
     result = call("edit", path="sub/secret.txt", old_string="TOP", new_string="NOT")
     assert not result.ok
     assert (outside / "secret.txt").read_text() == "TOP SECRET\n"

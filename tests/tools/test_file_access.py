@@ -1,4 +1,4 @@
-"""read, write and edit through an attached editor (tools.file_access), the disk untouched
+"""read, write and edit through an attached editor (tools.files.access), the disk untouched
 where the editor answers and still guarded where it does not."""
 
 from __future__ import annotations

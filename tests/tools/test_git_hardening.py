@@ -11,8 +11,8 @@ import pytest
 
 from tests.tools.conftest import commit_all, git, init_repo
 from tools import CheckpointError, ToolContext, default_registry, open_checkpoint_store
-from tools.git_env import forced_config_env, hardened_git_env
-from tools.git_repo import GitError, find_repository, open_repo
+from tools.git.env import forced_config_env, hardened_git_env
+from tools.git.repo import GitError, find_repository, open_repo
 
 HOOK_NAMES = (
     "pre-commit",

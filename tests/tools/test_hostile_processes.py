@@ -28,8 +28,8 @@ from tests.tools.hostile_harness import (
     require_sandbox,
     run_attack,
 )
-from tools.process_limits import process_cap_mechanism
-from tools.sandbox_mounts import forget_private_scan
+from tools.process.limits import process_cap_mechanism
+from tools.sandbox.mounts import forget_private_scan
 
 CAP_HOLDS = "none" not in process_cap_mechanism()
 FORKER = """import os, sys, time

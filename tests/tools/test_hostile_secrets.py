@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-import tools.sandbox
-import tools.sandbox_mounts
+import tools.sandbox.bubblewrap
+import tools.sandbox.mounts
 from tests.tools.hostile_harness import (
     DOTENV,
     ROOT,
@@ -31,7 +31,7 @@ from tests.tools.hostile_harness import (
     require_sandbox,
     run_attack,
 )
-from tools.sandbox import SandboxSettings
+from tools.sandbox.bubblewrap import SandboxSettings
 
 
 def _sentinel(scene: Scene) -> None:
@@ -74,9 +74,9 @@ def _venv_marker_beside_dotenv(scene: Scene) -> None:
 def _scan_stops_early(scene: Scene) -> None:
     """Stands in for a workspace past SECRET_SCAN_LIMIT (200,000 entries): the scan stops
     before it reaches .env (limit 0 here, so that the order of entries does not matter)."""
-    original = tools.sandbox.secret_files
-    tools.sandbox.secret_files = functools.partial(original, limit=0)
-    scene.cleanups.append(lambda: setattr(tools.sandbox, "secret_files", original))
+    original = tools.sandbox.bubblewrap.secret_files
+    tools.sandbox.bubblewrap.secret_files = functools.partial(original, limit=0)
+    scene.cleanups.append(lambda: setattr(tools.sandbox.bubblewrap, "secret_files", original))
 
 
 def _root_only_system_file(scene: Scene) -> None:
@@ -91,7 +91,7 @@ def _root_only_system_file(scene: Scene) -> None:
     key.chmod(0o600)
     scene.extra["syskey"] = key
     # As if it had been there when the session started (the sandbox may cache its scan).
-    tools.sandbox_mounts.forget_private_scan()
+    tools.sandbox.mounts.forget_private_scan()
 
 
 NAMED = "PGPASSWORD MYSQL_PWD DATABASE_URL GH_PAT HTTPS_PROXY http_proxy SENTRY_DSN "

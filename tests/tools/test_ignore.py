@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.tools.conftest import git
-from tools.globbing import compile_glob
-from tools.ignore import IgnoreMatcher, parse_lines
-from tools.walk import visible_files
+from tools.workspace.globbing import compile_glob
+from tools.workspace.ignore import IgnoreMatcher, parse_lines
+from tools.workspace.walk import visible_files
 
 ROOT_GITIGNORE = r"""
 # comment

@@ -8,9 +8,9 @@ import shlex
 import pytest
 
 from tools import PermissionPolicy, ToolCall, Verdict
-from tools.command_normalize import Layer, allow_covers, deny_hits, reduce_command
-from tools.option_words import names_long_option, resolve_long, short_letters
-from tools.readonly_commands import path_operands, read_only_problem
+from tools.shell.normalize import Layer, allow_covers, deny_hits, reduce_command
+from tools.shell.option_words import names_long_option, resolve_long, short_letters
+from tools.shell.readonly import path_operands, read_only_problem
 
 ALLOW, ASK, DENY = Verdict.ALLOW, Verdict.ASK, Verdict.DENY
 

@@ -16,8 +16,8 @@ import pytest
 
 from tests.tools.conftest import commit_all, init_repo
 from tools import ToolContext, default_registry
-from tools.ignore import MAX_IGNORE_FILE_BYTES, read_rules_file
-from tools.safe_fs import (
+from tools.workspace.ignore import MAX_IGNORE_FILE_BYTES, read_rules_file
+from tools.workspace.safe_fs import (
     NotRegularFileError,
     OutsideLinkError,
     UnsafePathError,
@@ -25,7 +25,7 @@ from tools.safe_fs import (
     read_confined_bytes,
     resolve_confined,
 )
-from tools.walk import visible_files
+from tools.workspace.walk import visible_files
 
 SECRET = "TOP SECRET"
 
@@ -150,10 +150,10 @@ def test_read_tool_refuses_a_link_swapped_in_after_resolution(
     call, workspace, outside, monkeypatch
 ):
     """resolve_path saw a plain file; by the time it is opened it is a link out."""
-    import tools.file_read
+    import tools.files.read
 
     (workspace / "late.txt").write_text("harmless\n")
-    real_resolve = tools.file_read.resolve_path
+    real_resolve = tools.files.read.resolve_path
 
     def resolve_then_swap(raw, roots):
         resolved = real_resolve(raw, roots)
@@ -161,7 +161,7 @@ def test_read_tool_refuses_a_link_swapped_in_after_resolution(
         (workspace / "late.txt").symlink_to(outside / "secret.txt")
         return resolved
 
-    monkeypatch.setattr(tools.file_read, "resolve_path", resolve_then_swap)
+    monkeypatch.setattr(tools.files.read, "resolve_path", resolve_then_swap)
     result = call("read", path="late.txt")
     assert not result.ok and SECRET not in result.output
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tools import ToolContext, ToolLimits, default_registry
-from tools.sandbox import (
+from tools.sandbox.bubblewrap import (
     READ_ONLY,
     Sandbox,
     SandboxGrant,
@@ -17,7 +17,7 @@ from tools.sandbox import (
     SandboxUnavailable,
     detect_sandbox,
 )
-from tools.sandbox_mounts import git_dirs, secret_files, toolchain_dirs
+from tools.sandbox.mounts import git_dirs, secret_files, toolchain_dirs
 
 WRITE = SandboxGrant(write=True)
 APPROVED = SandboxGrant(write=True, secrets=True)  # what a person's "yes" grants

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from tools import ToolContext, ToolLimits, default_registry
-from tools.environment import is_secret_variable
-from tools.output_cap import HeadTailBuffer
-from tools.process import process_limit, user_task_count
-from tools.process_limits import process_cap_mechanism
-from tools.sandbox import SandboxSettings
+from tools.process.environment import is_secret_variable
+from tools.process.limits import process_cap_mechanism
+from tools.process.output_cap import HeadTailBuffer
+from tools.process.run import process_limit, user_task_count
+from tools.sandbox.bubblewrap import SandboxSettings
 
 
 def _gone(pid: int, within: float = 3.0) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.shell_parse import analyze, command_positions
+from tools.shell.parse import analyze, command_positions
 
 
 def _programs(command: str) -> set[str]:

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-import tools.safe_fs
-from tools.safe_fs import TEMP_SUFFIX
+import tools.workspace.safe_fs
+from tools.workspace.safe_fs import TEMP_SUFFIX
 
 
 def _mode(path) -> int:
@@ -73,7 +73,7 @@ def test_failed_write_leaves_the_original_and_no_temp_file(call, workspace, monk
     def boom(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(tools.safe_fs.os, failing, boom)
+    monkeypatch.setattr(tools.workspace.safe_fs.os, failing, boom)
     result = call("write", path="a.txt", content="new content\n")
     monkeypatch.undo()
     assert not result.ok and "No space left" in result.output

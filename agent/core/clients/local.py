@@ -38,7 +38,7 @@ from agent.core.clients.structured import tool_call_constraint
 from engine.chat import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallEnd, ToolCallError
 from engine.errors import EngineError, EngineOverloadedError, PromptTooLongError
 from engine.rendering import ChatRenderer, ChatRenderError, RenderedChat
-from engine.sampling_params import SamplingParams
+from engine.sampling.params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class LocalClient(LLMClient):
         self.owns_engine = owns_engine
         model_dir = getattr(getattr(engine, "engine", None), "model_dir", None)
         # The engine's renderer, as the server and LLM.chat use it: same prompt, same parser.
-        self.renderer = ChatRenderer.for_model_dir(engine.tokenizer, model_dir)
+        self.renderer = ChatRenderer.for_model_dir(engine.tokenizers.loading, model_dir)
         self._ids = itertools.count()
         self._session = secrets.token_hex(4)
         self._pinned_ids: list[int] = []

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import prompts
-from tools.safe_fs import OutsideLinkError, read_confined_bytes
-from tools.walk import visible_files
+from tools.workspace.safe_fs import OutsideLinkError, read_confined_bytes
+from tools.workspace.walk import visible_files
 
 FILE_NAME = "AGENTS.md"
 MAX_BYTES = 64 * 1024  # per file: instructions, not a manual

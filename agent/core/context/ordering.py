@@ -32,7 +32,7 @@ import math
 from pathlib import Path
 
 from agent.core.context.selection import RepoFile
-from tools.git_repo import GitError, find_repository, git_text
+from tools.git.repo import GitError, find_repository, git_text
 
 log = logging.getLogger(__name__)
 

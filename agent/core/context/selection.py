@@ -2,7 +2,7 @@
 
 Candidates are what a person would call the project: files git tracks plus
 untracked files no ignore rule covers, or outside git a walk that honours
-.gitignore (tools.walk). From those, rules in gitignore syntax leave out what
+.gitignore (tools.workspace.walk). From those, rules in gitignore syntax leave out what
 only wastes context: lock files, vendored and generated code, build output,
 binaries and media. Users change the rules in `.residentignore` at the
 repository root (same syntax; `!pattern` brings a default back). Files that
@@ -23,9 +23,9 @@ from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from tools.ignore import IgnoreMatcher, parse_lines, read_rules_file
-from tools.safe_fs import NotRegularFileError, OutsideLinkError, open_confined_file
-from tools.walk import visible_files
+from tools.workspace.ignore import IgnoreMatcher, parse_lines, read_rules_file
+from tools.workspace.safe_fs import NotRegularFileError, OutsideLinkError, open_confined_file
+from tools.workspace.walk import visible_files
 
 USER_RULES_FILE = ".residentignore"
 DEFAULT_MAX_FILE_BYTES = 256 * 1024

@@ -37,7 +37,7 @@ from agent.core.mcp.config import ServerConfig
 from agent.core.mcp.launch import LaunchRefused, open_transport, sandbox_label
 from agent.core.mcp.names import tool_name
 from agent.core.mcp.status import OfferedTool, ServerStatus, State
-from tools.sandbox import Sandbox, SandboxSettings
+from tools.sandbox.bubblewrap import Sandbox, SandboxSettings
 
 if sys.version_info >= (3, 11):
     from builtins import BaseExceptionGroup

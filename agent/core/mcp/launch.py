@@ -1,8 +1,8 @@
 """How a server is reached: its stdio command wrapped in the sandbox, or an HTTP client.
 
 A stdio server is a program the agent starts, so it runs like a shell
-command does: inside the OS sandbox when there is one (tools/sandbox.py),
-with the environment's allow-list (tools/environment.py) plus the entry's
+command does: inside the OS sandbox when there is one (tools/sandbox/bubblewrap.py),
+with the environment's allow-list (tools/process/environment.py) plus the entry's
 own `env`. The sandbox gives it the workspace read-only, no network, an
 empty scratch HOME and /tmp, and the workspace's secret files masked;
 the entry's `network`, `write` and `read` grants add to that (for entries
@@ -29,8 +29,8 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from agent.core.mcp.config import ServerConfig, user_config_file
-from tools.environment import command_environment
-from tools.sandbox import Sandbox, SandboxError, SandboxGrant, SandboxSettings
+from tools.process.environment import command_environment
+from tools.sandbox.bubblewrap import Sandbox, SandboxError, SandboxGrant, SandboxSettings
 
 HTTP_TIMEOUT_S = 30.0
 HTTP_READ_TIMEOUT_S = 300.0  # a server may hold an event stream open that long

@@ -34,7 +34,7 @@ import mcp_types as types
 from agent.core.mcp.config import McpConfig
 from agent.core.mcp.connection import CallFailed, ServerConnection
 from agent.core.mcp.status import ServerStatus, State
-from tools.sandbox import Sandbox, SandboxSettings
+from tools.sandbox.bubblewrap import Sandbox, SandboxSettings
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 import mcp_types as types
 
 from tools.base import ToolResult
-from tools.output_cap import HeadTailBuffer
+from tools.process.output_cap import HeadTailBuffer
 
 NO_OUTPUT = "(the tool returned no content)"
 

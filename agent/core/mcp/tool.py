@@ -9,7 +9,7 @@ Arguments are checked against the tool's own JSON schema (jsonschema) before
 the call, so a bad call costs no round trip and reads like any other
 argument error. The access is `external`: the agent cannot know what a
 server does with a call, so the policy asks unless a rule or full-auto says
-otherwise (tools/permissions.py).
+otherwise (tools/permissions/policy.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 from agent.core.mcp.config import McpConfig, load_config, user_config_file
 from agent.core.mcp.manager import McpManager
 from tools import default_tools
-from tools.sandbox import Sandbox, detect_sandbox
+from tools.sandbox.bubblewrap import Sandbox, detect_sandbox
 
 DEMO = Path(__file__).with_name("demo_server.py")
 BUILTIN = [tool.name for tool in default_tools()]

@@ -10,7 +10,7 @@ from agent.core import process_guard
 from agent.core.mcp.config import load_config
 from agent.core.mcp.launch import LaunchRefused, sandbox_label, stdio_parameters
 from tests.agent.mcp.helpers import write_config
-from tools.sandbox import Sandbox, SandboxSettings
+from tools.sandbox.bubblewrap import Sandbox, SandboxSettings
 
 ENV = {"GITHUB_TOKEN": "ghp_secret", "PLAIN": "plain", "HOME": "/home/u", "PATH": "/usr/bin"}
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from engine.distributed import parallel
 from engine.errors import EngineError
-from engine.loader import checkpoint_files, load_model
+from engine.model_files.loader import checkpoint_files, load_model
 from engine.testing.checkpoints import build_glm4_moe, tiny_llama
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.gpu_kernels.moe_weights import DenseExperts, Fp8BlockExperts, Int4Experts
-from engine.weights.fp8_block import dequantize_fp8_block, quantize_fp8_block
+from engine.weights.fp8_block_format import dequantize_fp8_block, quantize_fp8_block
 from engine.weights.int4_packed import dequantize_packed_int4, pack_int4
 
 FP32_UNIT = 2.0**-24

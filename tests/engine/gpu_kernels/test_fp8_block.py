@@ -22,7 +22,7 @@ import torch
 pytest.importorskip("triton")
 
 from engine.gpu_kernels.fp8_act_quant import quantize_activations_reference  # noqa: E402
-from engine.gpu_kernels.fp8_block import fp8_block_gemm, fp8_block_linear  # noqa: E402
+from engine.gpu_kernels.fp8_block_gemm import fp8_block_gemm, fp8_block_linear  # noqa: E402
 from tests.engine.gpu_kernels.references import (  # noqa: E402
     BF16_ULP,
     assert_within,

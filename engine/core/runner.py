@@ -1,0 +1,120 @@
+"""Builds one step's batch tensors from scheduled sequences and runs the model.
+
+The runner knows tensors, not policy: the scheduler decides who runs and how
+many tokens; the runner lays those tokens out flat, computes slots from page
+tables, and returns the logits rows the engine asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+from engine.core.scheduler import ScheduledSequence
+from engine.models.base import ForwardContext
+
+
+@dataclass
+class StepOutput:
+    # Logits at each sampling row: [len(sample_rows), vocab], float32.
+    sample_logits: torch.Tensor
+    sample_rows: list[int]  # indices into the scheduled list that sample a token
+    # Per scheduled index: logits of every token in its chunk, when it asked for them.
+    chunk_logits: dict[int, torch.Tensor]
+    # Per scheduled index with a draft: logits of each of its 1 + len(draft) rows.
+    verify_logits: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model,
+        pool,
+        backend,
+        page_size: int,
+        device: torch.device,
+        verify_as_rows: bool | None = None,
+    ):
+        self.model = model
+        self.pool = pool
+        self.backend = backend
+        self.page_size = page_size
+        self.device = device
+        # How a speculative verification of [last, d1..dk] is laid out. As rows: k+1
+        # one-query "sequences" sharing one page table, row j seeing the context up to
+        # its own position; every backend writes a step's K/V before it attends, so row
+        # j sees the drafts before it, and the step stays a decode step (on the CPU the
+        # fused decode kernel, whose cost hardly grows with rows, and the same
+        # arithmetic per row as plain decoding). As one extend of k+1 queries: attention
+        # reads the context once, not k+1 times, which is what a GPU with a long
+        # context wants (the prefill kernels take several queries over a cached prefix).
+        self.verify_as_rows = device.type == "cpu" if verify_as_rows is None else verify_as_rows
+
+    def _slots(self, pages: list[int], start: int, end: int) -> torch.Tensor:
+        """Cache slots of token positions [start, end) of a sequence with these pages."""
+        positions = torch.arange(start, end)
+        table = torch.tensor(pages, dtype=torch.long)
+        return table[positions // self.page_size] * self.page_size + positions % self.page_size
+
+    @torch.inference_mode()
+    def run(self, batch: list[ScheduledSequence], want_chunk_logits: set[int]) -> StepOutput:
+        input_ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        slot_mapping: list[torch.Tensor] = []
+        context_slots: list[torch.Tensor] = []
+        query_lens: list[int] = []
+        context_lens: list[int] = []
+        last_rows: list[int] = []
+        sample_rows: list[int] = []
+        chunk_ranges: dict[int, tuple[int, int]] = {}
+        verify_rows: list[int] = []
+        verify_ranges: dict[int, tuple[int, int]] = {}  # index -> (first of verify_rows, count)
+        offset = 0
+        for index, item in enumerate(batch):
+            seq, n = item.seq, item.num_tokens
+            start = seq.num_computed_tokens
+            end = start + n
+            input_ids.extend(item.token_ids())
+            positions.append(torch.arange(start, end))
+            slots = self._slots(seq.pages, 0, end)
+            slot_mapping.append(slots[start:end])
+            if item.draft and self.verify_as_rows:
+                for row_end in range(start + 1, end + 1):
+                    context_slots.append(slots[:row_end])
+                    query_lens.append(1)
+                    context_lens.append(row_end)
+            else:
+                context_slots.append(slots)
+                query_lens.append(n)
+                context_lens.append(end)
+            if item.draft:
+                verify_ranges[index] = (len(verify_rows), n)
+                verify_rows.extend(range(offset, offset + n))
+            elif item.reaches_end:
+                sample_rows.append(index)
+                last_rows.append(offset + n - 1)
+            if index in want_chunk_logits:
+                chunk_ranges[index] = (offset, offset + n)
+            offset += n
+        meta = AttentionMetadata.build(
+            query_lens, context_lens, torch.cat(slot_mapping), context_slots, self.device
+        )
+        ctx = ForwardContext(pool=self.pool, meta=meta, backend=self.backend)
+        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        pos = torch.cat(positions).to(self.device)
+        hidden = self.model(ids, pos, ctx)
+        # Sampling rows, then verification rows: one product through the LM head.
+        all_rows = last_rows + verify_rows
+        rows = torch.tensor(all_rows, dtype=torch.long, device=self.device)
+        logits = self.model.compute_logits(hidden[rows]) if all_rows else hidden.new_empty(0)
+        first = len(last_rows)
+        verify_logits = {
+            index: logits[first + a : first + a + n] for index, (a, n) in verify_ranges.items()
+        }
+        sample_logits = logits[:first] if verify_ranges else logits
+        chunk_logits = {
+            index: self.model.compute_logits(hidden[a:b]) for index, (a, b) in chunk_ranges.items()
+        }
+        return StepOutput(sample_logits, sample_rows, chunk_logits, verify_logits)

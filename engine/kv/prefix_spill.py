@@ -1,0 +1,281 @@
+"""Pinned prefix pages that give way under pool pressure: spilled out, brought back.
+
+When a request needs pages that neither free nor unpinned cached pages can
+cover, the radix tree lets pinned leaves no sequence holds go (least recently
+used first, tail before head) and keeps them as spilled nodes, pins and all
+(engine/kv/radix.py). Before their pages return to the pool, `spill` copies
+their bytes out:
+
+- to the host tier (engine/kv/host_tier.py), when it is on: by default where
+  the pool is on a GPU (host memory is larger and a copy over PCIe is far
+  cheaper than a prefill); what its budget pushes out goes on to the disk tier;
+- else to the disk tier (engine/kv/disk_tier.py), when it is on (a CPU pool:
+  its pages are host memory already, so a host tier would only move them);
+- else nowhere: the pages are dropped as unpinned ones are, and the next turn
+  prefills them again (and they are pinned again as they enter the tree).
+
+A page's bytes are everything a restore needs to be byte-identical: the
+pool's storage for that page across all layers. FP8 scales are per layer (or
+per KV head) for the whole pool, not per page; they enter the key instead
+(the digest of the scales in force roots the chain), as on disk, so pages
+come back only into a pool with the same scales.
+
+`restore` runs when a new request is scheduled (Scheduler._reuse_cached_prefix):
+if its prompt continues the tree's cached prefix into pages that gave way,
+it takes them from the host tier, or, for a prompt that reaches a spilled
+node, from the disk tier, into fresh pages (free ones, or unpinned cached
+ones evicted; never by making other pinned pages give way) and into the tree,
+so the request counts them as cached tokens. A missing, damaged or mismatched
+entry stops the restore there: the rest is prefilled, never read wrongly.
+With tensor parallelism each rank holds only its shard of every page, so
+both tiers are off and pinned pages that give way are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+
+from engine.kv.disk_tier import DamagedPage, PageRecord, chain_keys, page_key, root_key
+from engine.kv.host_tier import HostEntry, HostTier
+from engine.kv.prefix_store import SaveJob, engine_fingerprint, scales_state
+from engine.kv.radix import RadixNode
+
+log = logging.getLogger(__name__)
+GIB = 1024**3
+# The host tier's default on a GPU: as much as the disk tier keeps by default (the
+# pinned prefixes it exists for: ~700k tokens of SmolLM2's FP8 KV, ~45k of
+# GLM-4.6's), capped at a quarter of the host's RAM so weights loading through
+# host memory and the rest of the process keep room.
+DEFAULT_HOST_GIB = 8.0
+
+
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return int(4 * DEFAULT_HOST_GIB * GIB)  # unknown: let the default stand
+
+
+def host_budget_bytes(config, device_type: str) -> int:
+    """The host tier's byte budget for this engine (0: off)."""
+    if config.tensor_parallel_size > 1:
+        return 0  # rank 0 holds only its shard of each page
+    if config.kv_host_gib is not None:
+        return int(config.kv_host_gib * GIB)
+    if device_type == "cpu":
+        return 0
+    return int(min(DEFAULT_HOST_GIB * GIB, physical_memory() / 4))
+
+
+class PrefixSpill:
+    def __init__(self, engine, host_budget: int):
+        # The engine (and its tree, whose `spill` hook is a method of this object)
+        # weakly: a cycle would keep a dropped engine's KV pool alive until the
+        # cycle collector happens to run, gigabytes at a time in a test suite.
+        self._engine = weakref.ref(engine)
+        self.pool = engine.pool
+        self.allocator = engine.allocator
+        self.page_size = engine.config.page_size
+        self.store = engine.kv.prefix_store  # the disk tier, or None
+        self.host = HostTier(host_budget) if host_budget > 0 else None
+        self._fingerprint: str | None = None
+        self.spilled = self.to_host = self.to_disk = self.dropped = 0
+        self.from_host = self.from_disk = 0
+
+    @property
+    def engine(self):
+        return self._engine()
+
+    @property
+    def cache(self):
+        return self.engine.prefix_cache
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:  # reads config.json: only once a tier needs it
+            store = self.store
+            self._fingerprint = store.fingerprint if store else engine_fingerprint(self.engine)[0]
+        return self._fingerprint
+
+    # ----- out ----------------------------------------------------------------------
+    def spill(self, victims: list[tuple[RadixNode, int]]) -> None:
+        """Copy the pages of pinned nodes giving way to a tier (the radix tree's hook,
+        called before the pages return to the pool)."""
+        self.spilled += len(victims)
+        digest, scales = scales_state(self.pool)
+        if (self.host is None and self.store is None) or not digest:
+            self.dropped += len(victims)  # no tier, or FP8 bytes under no scale set yet
+            return
+        places = self._places([node for node, _ in victims], digest)
+        try:
+            payloads = self.pool.pages_bytes([page for _, page in victims])
+        except (RuntimeError, MemoryError) as err:  # e.g. no host memory for the copy
+            log.warning("could not copy %d KV pages out of the pool: %s", len(victims), err)
+            self.dropped += len(victims)
+            return
+        entries = [
+            HostEntry.of(key, parent, depth, node.tokens, salt, payload)
+            for (node, _), (key, parent, depth, salt), payload in zip(
+                victims, places, payloads, strict=True
+            )
+        ]
+        if self.host is not None:
+            self.to_host += len(entries)
+            entries = self.host.put(entries)  # what the budget pushes out goes on
+        if entries:
+            self._to_disk(entries, digest, scales)
+
+    def _places(self, nodes: list[RadixNode], digest: str) -> list[tuple]:
+        """(key, parent key, depth, salt) of each node: the disk tier's chain keys,
+        each ancestor hashed once however many of the nodes share it."""
+        memo: dict[int, tuple[bytes, int, str]] = {}  # id(node) -> key, depth, salt
+
+        def place(node: RadixNode) -> tuple[bytes, int, str]:
+            path = []
+            while id(node) not in memo and node.parent is not None:
+                path.append(node)
+                node = node.parent
+            if id(node) not in memo:  # a root
+                memo[id(node)] = (root_key(self.fingerprint, digest, node.salt), -1, node.salt)
+            key, depth, salt = memo[id(node)]
+            for step in reversed(path):
+                key, depth = page_key(key, step.tokens), depth + 1
+                memo[id(step)] = (key, depth, salt)
+            return key, depth, salt
+
+        out = []
+        for node in nodes:
+            key, depth, salt = place(node)
+            out.append((key, place(node.parent)[0], depth, salt))
+        return out
+
+    def _to_disk(self, entries: list[HostEntry], digest: str, scales: dict | None) -> None:
+        if self.store is None:
+            self.dropped += len(entries)
+            return
+        tier = self.store.tier
+        records = [
+            PageRecord(e.key, e.parent, e.depth, list(e.tokens), e.salt, e.payload)
+            for e in entries
+            if not tier.has_page(e.depth, e.key)
+        ]
+        try:
+            self.store.write(SaveJob(records, digest, scales))
+        except OSError as err:  # a full disk or a read-only cache costs a prefill later
+            log.warning("KV spill to the disk tier failed: %s", err)
+            self.dropped += len(entries)
+            return
+        self.to_disk += len(entries)
+
+    # ----- back ---------------------------------------------------------------------
+    def restore(self, tokens: list[int], salt: str = "") -> int:
+        """Bring back the pages of `tokens` past the tree's cached prefix that a tier
+        holds; returns the tokens restored."""
+        if self.host is None and self.store is None:
+            return 0
+        ps = self.page_size
+        usable = (len(tokens) - 1) // ps  # as RadixCache.match: the last token is computed
+        match = self.cache.match(tokens, salt, record=False)
+        have = match.num_pages
+        from_disk = match.spilled and self.store is not None
+        if have >= usable or not (from_disk or (self.host is not None and len(self.host))):
+            return 0
+        digest = scales_state(self.pool)[0]
+        if not digest:
+            return 0
+        root = root_key(self.fingerprint, digest, salt)
+        keys = [root, *chain_keys(root, tokens[: usable * ps], ps)]
+        in_host = self.host is not None and keys[have + 1] in self.host
+        if not in_host and not (from_disk and self.store.tier.has_page(have, keys[have + 1])):
+            return 0
+        held = list(match.pages)
+        for page in held:  # so that making room cannot evict the prefix being extended
+            self.allocator.retain(page)
+        try:
+            return self._bring_back(tokens, salt, keys, held, from_disk)
+        finally:
+            self.allocator.release(held)
+
+    def _bring_back(self, tokens, salt, keys, held, from_disk) -> int:
+        ps, have = self.page_size, len(held)
+        want = 0  # the run of pages a tier holds, looked at without taking them yet
+        for depth in range(have, len(keys) - 1):
+            key = keys[depth + 1]
+            in_host = self.host is not None and key in self.host
+            if not (in_host or (from_disk and self.store.tier.has_page(depth, key))):
+                break
+            want += 1
+        if want > self.allocator.num_free:
+            # Room from unpinned cached pages only: never make other pinned pages give way.
+            self.cache.evict(want - self.allocator.num_free)
+        pages, payloads, sources = [], [], []
+        for depth in range(have, have + min(want, self.allocator.num_free)):
+            chunk = tokens[depth * ps : (depth + 1) * ps]
+            payload, source = self._fetch(depth, keys, chunk, from_disk)
+            if payload is None:
+                break
+            payloads.append(payload)
+            sources.append(source)
+        if not payloads:
+            return 0
+        pages = self.allocator.allocate(len(payloads))
+        try:
+            self.pool.load_pages_bytes(pages, payloads)
+        except ValueError as err:
+            self.allocator.release(pages)
+            log.warning("spilled KV pages do not fit this pool (%s); prefilling", err)
+            return 0
+        self.cache.insert(tokens[: (have + len(pages)) * ps], held + pages, salt)
+        self.allocator.release(pages)  # the tree holds them now
+        self.from_host += sources.count("host")
+        self.from_disk += sources.count("disk")
+        if self.store is not None and "disk" in sources:
+            self.store.tier.touch(
+                [(have + i, keys[have + i + 1]) for i, s in enumerate(sources) if s == "disk"]
+            )
+        log.debug("restored %d spilled KV pages (%s)", len(pages), ", ".join(set(sources)))
+        return len(pages) * ps
+
+    def _fetch(self, depth, keys, chunk, from_disk) -> tuple[bytes | None, str]:
+        key, parent = keys[depth + 1], keys[depth]
+        if self.host is not None:
+            payload = self.host.take(key, parent, depth, chunk)
+            if payload is not None:
+                return payload, "host"
+        if from_disk:
+            try:
+                return self.store.tier.get_page(depth, key, parent, chunk).payload, "disk"
+            except FileNotFoundError:
+                pass
+            except (DamagedPage, OSError) as err:
+                log.warning("spilled KV page %d on disk is unusable (%s); prefilling", depth, err)
+        return None, ""
+
+    # ----- statistics ---------------------------------------------------------------
+    def stats(self) -> dict:
+        host = self.host
+        return {
+            "kv_spilled_pages": self.spilled,  # pinned pages that gave way, all told
+            "kv_spilled_to_host_pages": self.to_host,
+            "kv_spilled_to_disk_pages": self.to_disk,
+            "kv_spill_dropped_pages": self.dropped,  # no tier took them: prefilled again
+            "kv_restored_from_host_pages": self.from_host,
+            "kv_restored_from_disk_pages": self.from_disk,
+            "kv_spilled_pinned_tokens": self.cache.spilled_pages() * self.page_size,
+            "kv_host_tier_pages": len(host) if host else 0,
+            "kv_host_tier_bytes": host.bytes if host else 0,
+            "kv_host_tier_budget_bytes": host.budget_bytes if host else 0,
+        }
+
+
+def open_prefix_spill(engine) -> PrefixSpill | None:
+    """The spill tier for an engine with a prefix cache, hooked into its tree and
+    scheduler (engine.kv.prefix_store must be set first: it is the disk tier)."""
+    if engine.prefix_cache is None:
+        return None
+    spill = PrefixSpill(engine, host_budget_bytes(engine.config, engine.device.type))
+    engine.prefix_cache.spill = spill.spill
+    engine.core.scheduler.restore = spill.restore
+    return spill

@@ -1,0 +1,352 @@
+"""Prefix KV across processes: save cached prefixes to the disk tier, restore them.
+
+The bridge between a running engine (its pool, allocator and radix tree) and
+engine/kv/disk_tier.py. Pages are keyed by a chain rooted in:
+
+- the engine fingerprint (`engine_fingerprint`): everything that decides the
+  K/V bytes a prefill writes — the model (folder, config.json's hash, the
+  weight files' names, sizes and mtimes), dtype, KV dtype, page size and
+  layout, rotation, scale granularity, attention backend, CPU kernel,
+  deterministic mode, device type and torch version;
+- the digest of the KV scales in force (FP8 bytes mean nothing without them);
+- the cache salt.
+
+An FP8 pool whose scales are still to be calibrated from the first prefill
+(the agent's local engine) adopts the saved scale set whose chain matches,
+which is what that first prefill would have been quantized with had it
+happened; a pool with scales in force only matches pages saved under exactly
+those scales. Restored pages go into the radix tree as a prefill's would, so
+the next request finds them cached. Pinned pages that give way under pool
+pressure are written through `write` too, and read back page by page
+(engine/kv/prefix_spill.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import weakref
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from engine.kv.disk_tier import (
+    DamagedPage,
+    DiskTier,
+    PageRecord,
+    chain_keys,
+    root_key,
+    scales_digest,
+)
+
+log = logging.getLogger(__name__)
+FORMAT = 1
+WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt")
+
+
+def _model_identity(model_dir: Path) -> dict:
+    config = model_dir / "config.json"
+    files = sorted(
+        (p.name, p.stat().st_size, p.stat().st_mtime_ns)
+        for p in model_dir.iterdir()
+        if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)
+    )
+    return {
+        "model_dir": str(model_dir.resolve()),
+        "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest()
+        if config.is_file()
+        else "",
+        "weights": files,
+    }
+
+
+def engine_fingerprint(engine) -> tuple[str, dict]:
+    """(fingerprint, the facts it covers) for an LLMEngine."""
+    facts = {
+        "format": FORMAT,
+        **_model_identity(Path(engine.model_dir)),
+        "architecture": engine.model_files.model_config.architecture,
+        "dtype": str(engine.dtype),
+        "kv_cache_dtype": engine.kv_dtype,
+        "page_size": engine.config.page_size,
+        "layout": {k: str(v) for k, v in asdict(engine.layout).items()},
+        "kv_rotation": engine.kv_rotation,
+        "kv_rotation_detail": engine.kv_rotation_detail,
+        "scale_granularity": engine.pool.granularity,
+        "attention_backend": engine.core.runner.backend.name,
+        "cpu_kernel": engine.cpu_kernel,
+        "deterministic": engine.config.deterministic,
+        "device": engine.device.type,
+        "torch": torch.__version__,
+    }
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
+    return digest, facts
+
+
+def _scale_pair(pool) -> tuple[str, str]:
+    """The names of the pool's two scale tensors (GQA: K and V; MLA: latent and rope)."""
+    return ("k", "v") if pool.layout_kind == "gqa" else ("latent", "rope")
+
+
+def scales_state(pool) -> tuple[str, dict | None]:
+    """(digest, scales) in force; "none" for a cache without scales; ("", None) while
+    an FP8 pool is partly calibrated (nothing can be saved or matched then)."""
+    if not pool.is_fp8:
+        return "none", None
+    if pool.calibrated_layers != pool.layout.num_layers:
+        return "", None
+    scales = pool.scales()
+    return scales_digest(scales), scales
+
+
+@dataclass
+class SaveJob:
+    records: list[PageRecord]
+    scales_digest: str
+    scales: dict | None
+
+
+@dataclass
+class RestorePlan:
+    tokens: list[int]
+    salt: str
+    start: int  # pages the tree held when planned
+    keys: list[str]  # the root key, then one key per page of `tokens`
+    scales: dict | None  # a scale set to adopt, for a pool without scales yet
+    scales_digest: str
+
+
+class PrefixStore:
+    def __init__(self, engine, root: Path, budget_bytes: int):
+        # Weakly, like the spill tier: the engine holds this store, and a cycle would
+        # keep a dropped engine's KV pool alive until the cycle collector ran.
+        self._engine = weakref.ref(engine)
+        self.fingerprint, self.facts = engine_fingerprint(engine)
+        self.tier = DiskTier(root, self.fingerprint, budget_bytes)
+        self.page_size = engine.config.page_size
+
+    @property
+    def engine(self):
+        return self._engine()
+
+    # ----- save -------------------------------------------------------------------
+
+    def collect(self, token_ids: list[int], salt: str = "") -> SaveJob | None:
+        """The cached full pages of this prefix as records to write (payloads only for
+        pages not on disk yet). Runs on the engine thread; `write` can run anywhere."""
+        cache = self.engine.prefix_cache
+        digest, scales = scales_state(self.engine.pool)
+        if cache is None or not digest:
+            return None
+        nodes = cache.match(list(token_ids) + [0], salt, record=False).nodes
+        tokens = list(token_ids[: len(nodes) * self.page_size])
+        keys = chain_keys(root_key(self.fingerprint, digest, salt), tokens, self.page_size)
+        parent = root_key(self.fingerprint, digest, salt)
+        records = []
+        for depth, (node, key) in enumerate(zip(nodes, keys, strict=True)):
+            on_disk = self.tier.has_page(depth, key)
+            payload = b"" if on_disk else self.engine.pool.page_bytes(node.page)
+            records.append(PageRecord(key, parent, depth, list(node.tokens), salt, payload))
+            parent = key
+        return SaveJob(records, digest, scales) if records else None
+
+    def write(self, job: SaveJob | None) -> int:
+        """Write the new pages, refresh the rest, keep the budget; returns pages written."""
+        if job is None:
+            return 0
+        records, digest, scales = job.records, job.scales_digest, job.scales
+        self.tier.write_meta(
+            {k: self.facts[k] for k in ("model_dir", "kv_cache_dtype", "page_size", "dtype")}
+            | {"model": Path(self.facts["model_dir"]).name}
+        )
+        if scales is not None:
+            self.tier.put_scales(digest, scales)
+        written = 0
+        for record in records:
+            if record.payload:
+                self.tier.put_page(record)
+                written += 1
+        self.tier.touch([(r.depth, r.key) for r in records])
+        self.tier.evict_to_budget()
+        return written
+
+    def save(self, token_ids: list[int], salt: str = "") -> int:
+        return self.write(self.collect(token_ids, salt))
+
+    # ----- restore ------------------------------------------------------------------
+    def _candidates(self) -> list[tuple[str, dict | None]]:
+        """Scale sets pages may have been saved under that this pool can use."""
+        pool = self.engine.pool
+        digest, scales = scales_state(pool)
+        if digest:
+            return [(digest, None)]  # in force: only pages saved under them
+        if pool.calibrated_layers == 0:
+            return self.tier.scale_sets()  # still free to adopt one
+        return []
+
+    def restore(self, token_ids: list[int], salt: str = "") -> int:
+        """Load the saved pages of this prefix that the tree lacks; returns tokens loaded.
+
+        Stops at the first missing, damaged or unplaceable page: the rest is
+        prefilled as usual, never read from a file that failed its check.
+        The three steps are apart so that a server can read and check the
+        files off its engine thread (AsyncEngine.restore_prefix)."""
+        plan = self.plan(token_ids, salt)
+        return self.place(plan, self.read(plan)) if plan is not None else 0
+
+    def plan(self, token_ids: list[int], salt: str = "") -> RestorePlan | None:
+        """What to read: the pages past those the tree holds, under a usable scale set.
+        Engine thread (it reads the tree); cheap."""
+        cache = self.engine.prefix_cache
+        if cache is None:
+            return None
+        tokens = list(token_ids)
+        have = len(cache.match(tokens + [0], salt, record=False).pages)
+        if have >= len(tokens) // self.page_size:
+            return None
+        for digest, scales in self._candidates():
+            root = root_key(self.fingerprint, digest, salt)
+            keys = [root, *chain_keys(root, tokens, self.page_size)]
+            if self.tier.has_page(have, keys[have + 1]):
+                return RestorePlan(tokens, salt, have, keys, scales, digest)
+        return None
+
+    def read(self, plan: RestorePlan | None) -> list[PageRecord]:
+        """The planned pages from disk, each checked, up to the first missing or damaged
+        one. Any thread: it touches only files."""
+        if plan is None:
+            return []
+        ps, records = self.page_size, []
+        for depth in range(plan.start, len(plan.keys) - 1):
+            chunk = plan.tokens[depth * ps : (depth + 1) * ps]
+            try:
+                records.append(
+                    self.tier.get_page(depth, plan.keys[depth + 1], plan.keys[depth], chunk)
+                )
+            except FileNotFoundError:
+                break
+            except DamagedPage as err:
+                log.warning("saved KV page %d is damaged (%s); prefilling from there", depth, err)
+                break
+        return records
+
+    def place(self, plan: RestorePlan | None, records: list[PageRecord]) -> int:
+        """Copy checked pages into the pool and the tree; returns tokens placed. Engine
+        thread. The tree may have changed since `plan`: pages it gained meanwhile are
+        skipped, and pages it lost leave a gap nothing may follow (then nothing is placed)."""
+        if plan is None or not records:
+            return 0
+        engine, pool = self.engine, self.engine.pool
+        have = engine.prefix_cache.match(plan.tokens + [0], plan.salt, record=False).pages
+        if len(have) < plan.start:
+            return 0
+        if plan.scales is not None and pool.calibrated_layers != 0:
+            if scales_state(pool)[0] != plan.scales_digest:
+                return 0  # the pool took other scales meanwhile: these bytes mean nothing
+        for page in have:  # making room must not evict the prefix being extended
+            engine.allocator.retain(page)
+        try:
+            return self._place(plan, records, have)
+        finally:
+            engine.allocator.release(have)
+
+    def _place(self, plan: RestorePlan, records: list[PageRecord], have: list[int]) -> int:
+        engine, pool, ps = self.engine, self.engine.pool, self.page_size
+        tokens, salt = plan.tokens, plan.salt
+        new_pages: list[int] = []
+        loaded = []
+        for record in records[len(have) - plan.start :]:
+            if not engine.allocator.can_allocate(1) and not cache_evict(engine, 1):
+                break
+            if plan.scales is not None and not new_pages and pool.calibrated_layers == 0:
+                # Adopt the scale set only once a page under it has checked out.
+                a, b = _scale_pair(pool)
+                pool.set_scales(torch.tensor(plan.scales[a]), torch.tensor(plan.scales[b]), "disk")
+            page = engine.allocator.allocate(1)[0]
+            try:
+                pool.load_page_bytes(page, record.payload)
+            except ValueError as err:
+                engine.allocator.release([page])
+                log.warning("saved KV page %d does not fit this pool (%s)", record.depth, err)
+                break
+            new_pages.append(page)
+            loaded.append((record.depth, record.key))
+        if not new_pages:
+            return 0
+        count = len(have) + len(new_pages)
+        engine.prefix_cache.insert(tokens[: count * ps], list(have) + new_pages, salt)
+        engine.allocator.release(new_pages)  # the tree holds them now
+        self.tier.touch(loaded)
+        log.info("restored %d KV pages (%d tokens) from disk", len(new_pages), len(new_pages) * ps)
+        return len(new_pages) * ps
+
+    def restore_saved(self, max_fraction: float = 0.5) -> int:
+        """Restore saved prefixes, most recently used first, while they take at most
+        `max_fraction` of the pool (a server starting); returns tokens restored."""
+        allocator, total = self.engine.allocator, 0
+        floor = allocator.num_pages * (1 - max_fraction)
+        for tokens, salt in self.saved_prefixes():
+            if allocator.num_free - len(tokens) // self.page_size < floor:
+                continue
+            total += self.restore(tokens, salt)
+        return total
+
+    def cached_prefixes(self) -> list[tuple[list[int], str]]:
+        """The prefixes the tree holds worth saving when a server stops: pinned ones
+        first, then the most recently used, as many as the disk budget holds."""
+        per_page = len(self.engine.pool.page_bytes(0)) if self.engine.pool.num_pages else 0
+        room = self.tier.budget_bytes // max(per_page, 1)
+        out = []
+        for salt, tokens, _, _ in self.engine.prefix_cache.paths():
+            pages = len(tokens) // self.page_size
+            if pages > room:
+                break
+            room -= pages
+            out.append((tokens, salt))
+        return out
+
+    def saved_prefixes(self) -> list[tuple[list[int], str]]:
+        """The token sequences (and salts) of saved chains ending in a leaf, most
+        recently used first (what `resident serve` restores on start)."""
+        headers = self.tier.page_headers()
+        by_key = {record.key: (mtime, record) for mtime, record in headers}
+        parents = {record.parent for _, record in headers}
+        leaves = sorted(
+            ((mtime, r) for mtime, r in headers if r.key not in parents),
+            key=lambda item: (-item[0], -item[1].depth),
+        )
+        out = []
+        for _, leaf in leaves:
+            chain, record = [], leaf
+            while record is not None:
+                chain.append(record)
+                record = by_key.get(record.parent, (0, None))[1]
+            chain.reverse()
+            if chain[0].depth != 0 or len(chain) != leaf.depth + 1:
+                continue  # a chain with a page missing in the middle cannot be restored
+            out.append(([t for r in chain for t in r.tokens], leaf.salt))
+        return out
+
+
+def open_prefix_store(engine) -> PrefixStore | None:
+    """The disk tier for an engine whose config asks for one (kv_disk), else None."""
+    if not (engine.config.kv_disk and engine.prefix_cache is not None):
+        return None
+    if engine.tensor_parallel:
+        log.info(
+            "the prefix disk tier (kv_disk) is off with tensor parallelism: each rank "
+            "holds its own shard of every page, and would need its own files"
+        )
+        return None
+    from engine.kv.disk_tier import default_root
+
+    root = Path(engine.config.kv_disk_dir) if engine.config.kv_disk_dir else default_root()
+    return PrefixStore(engine, root, int(engine.config.kv_disk_gib * 1024**3))
+
+
+def cache_evict(engine, pages: int) -> bool:
+    """Make room in the pool by evicting unpinned, unused cached pages."""
+    cache = engine.prefix_cache
+    return cache is not None and cache.evict(pages) >= pages

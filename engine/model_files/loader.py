@@ -1,0 +1,178 @@
+"""Loads a model folder: config.json plus safetensors weights, single-file or sharded.
+
+The model is built with its parameters on the meta device, each parameter
+then gets uninitialised storage in its final dtype on the target device, and
+the checkpoint is streamed into them one tensor at a time, each read only as
+far as this rank's slice reaches (engine/weights/lazy.py). A rank's peak
+memory during load is therefore its own weights plus one tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.distributed import parallel
+from engine.errors import CheckpointError, EngineError
+from engine.layers.packed_methods import is_packed_method
+from engine.model_files.model_config import ModelConfig, load_config
+from engine.models import model_class
+from engine.weights.formats import weight_decoder
+from engine.weights.lazy import LazyTensor, materialize
+from engine.weights.meta_init import materialize_parameters, parameters_on_meta
+from engine.weights.names import CheckpointNames
+from engine.weights.packed_plan import plan_packed_layers
+
+log = logging.getLogger(__name__)
+
+SINGLE_FILE = "model.safetensors"
+SHARD_INDEX = "model.safetensors.index.json"
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The safetensors files a folder's weights live in, checked to exist."""
+    index_file = model_dir / SHARD_INDEX
+    if index_file.is_file():
+        try:
+            weight_map = json.loads(index_file.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as err:
+            raise CheckpointError(f"{index_file} is not a valid shard index: {err}") from None
+        files = sorted({model_dir / name for name in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(
+                f"{model_dir}: shard(s) {', '.join(missing)} listed in {SHARD_INDEX} are "
+                "missing; copy the whole checkpoint folder"
+            )
+        return files
+    single = model_dir / SINGLE_FILE
+    if single.is_file():
+        return [single]
+    found = sorted(model_dir.glob("*.safetensors"))
+    if found:
+        return found
+    raise CheckpointError(
+        f"{model_dir} has no safetensors weights ({SINGLE_FILE} or {SHARD_INDEX}); "
+        "only safetensors and .gguf checkpoints are read"
+    )
+
+
+def iter_tensors(
+    files: list[Path], rename: Callable[[str], str | None] | None = None, lazy: bool = False
+) -> Iterator[tuple[str, torch.Tensor | LazyTensor]]:
+    """Tensors of the files in turn; `rename` maps a name to the model's, or None to skip it
+    unread. `lazy`: LazyTensors, read when sliced, valid until the next one is asked for."""
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for name in handle.keys():
+                    target = rename(name) if rename is not None else name
+                    if target is not None:
+                        yield target, LazyTensor(handle, name) if lazy else handle.get_tensor(name)
+        except (OSError, RuntimeError, ValueError) as err:
+            if isinstance(err, CheckpointError):
+                raise
+            raise CheckpointError(f"{file} cannot be read as safetensors: {err}") from None
+
+
+def kv_scales_from_checkpoint(tensors: dict[str, torch.Tensor], num_layers: int):
+    """K/V scales (`...layers.N.self_attn.k_scale`) when the checkpoint has them.
+
+    [layers] when each is one value; [layers, kv_heads] when each holds one
+    value per head (the engine reduces those to their max unless it keeps
+    per-head scales).
+    """
+    k = [tensors.get(f"model.layers.{i}.self_attn.k_scale") for i in range(num_layers)]
+    v = [tensors.get(f"model.layers.{i}.self_attn.v_scale") for i in range(num_layers)]
+    if not all(t is not None for t in k + v):
+        return None
+    sizes = {t.numel() for t in k + v}
+    if len(sizes) == 1 and sizes != {1}:
+        return torch.stack([t.float().flatten() for t in k]), torch.stack(
+            [t.float().flatten() for t in v]
+        )
+    return torch.stack([t.float().max() for t in k]), torch.stack([t.float().max() for t in v])
+
+
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Parameters take `dtype`; buffers (rotary tables) stay float32, as
+    transformers keeps them, and so do parameters the model asks to keep
+    (MoE routers, whose expert ranking rounding would change)."""
+    keep_fp32 = tuple(getattr(model, "fp32_parameter_suffixes", ()))
+    for module_name, module in model.named_modules():
+        if is_packed_method(getattr(module, "method", None)):
+            continue  # FP8 values, INT4 words and their scales keep their dtypes
+        for name, param in module.named_parameters(prefix=module_name, recurse=False):
+            if not (keep_fp32 and name.endswith(keep_fp32)):
+                param.data = param.data.to(dtype)
+
+
+def _use_fused_moe(model: torch.nn.Module) -> None:
+    """Stack each MoE block's experts for the fused Triton kernel where it can run."""
+    import importlib.util
+
+    from engine.layers.moe import SparseMoE
+
+    if importlib.util.find_spec("triton") is None:
+        return
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    fused = sum(block.use_fused_kernel() for block in blocks)
+    if blocks:
+        log.info("fused MoE kernel: %d of %d MoE blocks", fused, len(blocks))
+
+
+def load_model(
+    model_dir: Path, dtype: torch.dtype, device: torch.device, keep_packed: bool = True
+) -> tuple[torch.nn.Module, ModelConfig, tuple[torch.Tensor, torch.Tensor] | None]:
+    """Build the engine's model for a folder and fill its weights.
+
+    `keep_packed`: layers whose checkpoint weights are FP8 block-scaled or INT4
+    keep that form (engine/weights/packed_plan.py); False dequantizes them all."""
+    model_dir = Path(model_dir)
+    cfg = load_config(model_dir)
+    cls = model_class(cfg.architecture)
+    files = checkpoint_files(model_dir)
+    try:
+        with parameters_on_meta():
+            model = cls(cfg)
+    except ValueError as err:  # a dimension that does not split over the ranks
+        raise EngineError(
+            f"{cfg.architecture} cannot be split over {parallel.tp_size()} tensor-parallel "
+            f"ranks: {err}; choose a --tp that divides it"
+        ) from None
+    cast_parameters(model, dtype)
+    names = CheckpointNames(cfg)
+
+    def wanted(name: str) -> str | None:
+        # Decided from the name: what this rank does not hold is never read.
+        target = names.map(name)
+        return None if target is None or model.skip_checkpoint_tensor(target) else target
+
+    packed = plan_packed_layers(model, cfg, files, wanted) if keep_packed else {}
+    materialize_parameters(model, device)
+    scale_tensors: dict[str, torch.Tensor] = {}
+    # Quantized weights the plan did not keep packed become plain weights in the serving dtype.
+    decoder = weight_decoder(cfg, dtype, names.prefix)
+    decoder.keep_packed = packed.__contains__
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in decoder.stream(iter_tensors(files, wanted, lazy=True)):
+            if name.endswith(("self_attn.k_scale", "self_attn.v_scale")):
+                scale_tensors[name] = materialize(tensor)
+                continue
+            yield name, tensor
+        names.log_skipped()
+
+    model.load_weights(weights())
+    model.to(device=device)
+    if device.type == "cuda":
+        _use_fused_moe(model)
+    model.eval()
+    scales = kv_scales_from_checkpoint(scale_tensors, cfg.num_layers)
+    log.info("loaded %s (%s) from %d file(s)", cfg.architecture, model_dir, len(files))
+    return model, cfg, scales

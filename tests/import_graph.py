@@ -1,0 +1,151 @@
+"""The project's import graph, read from source: who imports whom, where, and the circles.
+
+An edge goes from a module to the most specific project module an import names
+(`from engine.kv import pool` is an edge to `engine.kv.pool` when that module
+exists). Package `__init__` files that Python runs on the way are not edges:
+they would make every package a circle with its own members.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("engine", "tools", "agent", "prompts")
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module
+    target: str  # the project module imported
+    line: int
+    in_function: bool  # inside a def: runs when called, not when the module loads
+    type_checking: bool  # under `if TYPE_CHECKING:`: never runs
+
+
+def module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def sources(package: str) -> list[Path]:
+    return sorted(p for p in (ROOT / package).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_of(p): p for pkg in PACKAGES for p in sources(pkg)}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _raw_imports(path: Path):
+    """(module, names, line, in_function, type_checking) for each import, relative ones resolved."""
+    here = module_of(path)
+    found = []
+
+    def visit(node, in_function, type_checking):
+        for child in ast.iter_child_nodes(node):
+            inner_fn = in_function or isinstance(
+                child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+            )
+            inner_tc = type_checking or (
+                isinstance(child, ast.If) and _is_type_checking(child.test)
+            )
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    found.append((alias.name, [], child.lineno, in_function, type_checking))
+            elif isinstance(child, ast.ImportFrom):
+                module = child.module or ""
+                if child.level:
+                    base = here.split(".")
+                    base = base[: len(base) - child.level + (path.name == "__init__.py")]
+                    module = ".".join([*base, module] if module else base)
+                names = [alias.name for alias in child.names]
+                found.append((module, names, child.lineno, in_function, type_checking))
+            visit(child, inner_fn, inner_tc)
+
+    visit(ast.parse(path.read_text(), str(path)), False, False)
+    return found
+
+
+def imports(modules: dict[str, Path] | None = None) -> list[Import]:
+    modules = modules if modules is not None else project_modules()
+    edges = []
+    for here, path in modules.items():
+        for module, names, line, in_fn, tc in _raw_imports(path):
+            targets = [f"{module}.{n}" for n in names if f"{module}.{n}" in modules]
+            if len(targets) < len(names) or not names:
+                # some names are attributes of `module` itself
+                probe = module
+                while probe and probe not in modules:
+                    probe = probe.rpartition(".")[0]
+                if probe:
+                    targets.append(probe)
+            edges += [Import(here, t, line, in_fn, tc) for t in targets if t != here]
+    return edges
+
+
+def circles(edges: list[Import]) -> list[list[str]]:
+    """Strongly connected groups of more than one module.
+
+    Imports under `if TYPE_CHECKING:` count: a circle only types can see is still
+    two modules that cannot be understood apart.
+    """
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        if True:
+            graph.setdefault(e.source, set()).add(e.target)
+            graph.setdefault(e.target, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        # iterative Tarjan: (node, iterator over its successors)
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            advanced = False
+            for nxt in successors:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    advanced = True
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(sorted(group))
+    return sorted(groups)

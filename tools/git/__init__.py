@@ -1,0 +1,1 @@
+"""The git tools (tool.py) and the safe way every git process of the project runs."""

@@ -1,0 +1,1 @@
+"""The OS sandbox every shell command runs in: bubblewrap (bubblewrap.py) and what it mounts (mounts.py)."""
