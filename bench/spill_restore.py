@@ -62,9 +62,9 @@ def main() -> None:
 
     llm = LLM(model, kv_host_gib=1.0)
     engine = llm.engine
-    cache, spill = engine.prefix_cache, engine.kv.prefix_spill
-    prefix = source_ids(engine.tokenizers.loading, prefix_tokens)
-    prompt = prefix + engine.tokenizers.loading.encode(TAIL)
+    cache, spill = engine.prefix_cache, engine.prefix_spill
+    prefix = source_ids(engine.tokenizer, prefix_tokens)
+    prompt = prefix + engine.tokenizer.encode(TAIL)
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 
     cold_first = timed_request(engine, prompt, params)  # also calibrates the FP8 scales
@@ -76,7 +76,7 @@ def main() -> None:
     spilled = engine.stats()
 
     restore_times = []
-    restore = engine.core.scheduler.restore
+    restore = engine.scheduler.restore
 
     def timed_restore(tokens, salt):
         t0 = time.perf_counter()
@@ -84,9 +84,9 @@ def main() -> None:
         restore_times.append(time.perf_counter() - t0)
         return done
 
-    engine.core.scheduler.restore = timed_restore
+    engine.scheduler.restore = timed_restore
     restored = timed_request(engine, prompt, params)
-    engine.core.scheduler.restore = restore
+    engine.scheduler.restore = restore
     after = engine.stats()
 
     engine.unpin_prefix(handle)  # a second cold prefill, with nothing cached anywhere

@@ -278,9 +278,7 @@ def compile_times(llm: LLM) -> dict:
     """First-use costs, on a fresh backend: the vocabulary walk, then each grammar's compile."""
     engine = llm.engine
     start = time.perf_counter()
-    backend = GrammarBackend(
-        engine.tokenizers.loading, engine.model_files.model_config.vocab_size, engine.eos_token_ids
-    )
+    backend = GrammarBackend(engine.tokenizer, engine.model_config.vocab_size, engine.eos_token_ids)
     report = {"tokenizer_info_ms": round(1e3 * (time.perf_counter() - start), 1)}
     tools = tool_schemas()
     specs = {
@@ -300,19 +298,17 @@ def mask_step(llm: LLM, repeats: int = 200) -> dict:
     """The mask step alone: 1 or 16 constrained rows in a [16, vocab] batch, matchers
     inside a JSON string (where most tokens are allowed) and between values."""
     engine = llm.engine
-    backend = backend_for(
-        engine.tokenizers.loading, engine.model_files.model_config.vocab_size, engine.eos_token_ids
-    )
+    backend = backend_for(engine.tokenizer, engine.model_config.vocab_size, engine.eos_token_ids)
     spec = StructuredOutput.for_json_schema(ENDLESS)
     states = {
         "in_string": '{"lines": ["the quick brown',
         "between_values": '{"lines": ["a", "b"',
     }
-    vocab = engine.model_files.model_config.vocab_size
+    vocab = engine.model_config.vocab_size
     logits = torch.randn(16, vocab)
     report = {}
     for state, text in states.items():
-        ids = engine.tokenizers.loading.encode(text, add_special_tokens=False)
+        ids = engine.tokenizer.encode(text, add_special_tokens=False)
         for rows in (1, 16):
             seqs = [
                 _Seq(backend.request_grammar(spec) if i < rows else None, list(ids))

@@ -28,7 +28,7 @@ class EngineConfig(BaseModel):
     dtype: DTypeName = "auto"
     kv_cache_dtype: KVDTypeName = "fp8_e4m3"
     # torch (reference, CPU), triton (GPU kernels), auto: triton on CUDA, else torch.
-    # Checked by engine.attention.torch_backend.get_backend, which says what exists.
+    # Checked by engine.attention.registry.get_backend, which says what exists.
     attention_backend: str = "auto"
     kv_memory_gib: float | None = Field(default=None, gt=0)
     page_size: int = Field(default=16, ge=1, le=1024)

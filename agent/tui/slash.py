@@ -6,22 +6,51 @@ this file only decides how each result looks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable
+from typing import Any, Protocol
 
+from textual.screen import Screen
 from textual.widgets import Markdown
 
 from agent.core.commands import APPROVAL_MODES, find_command, undo_summary
+from agent.tui.bridge import AgentBridge
 from agent.tui.help import help_markdown
 from agent.tui.screens.context import ContextScreen
 from agent.tui.screens.sessions import SessionsScreen
+from agent.tui.widgets.conversation import ConversationView
 from agent.tui.widgets.diff_block import DiffBlock
+from agent.tui.widgets.prompt_input import PromptInput
+from agent.tui.widgets.status_bar import StatusBar
 
-if TYPE_CHECKING:
-    from agent.tui.app import ResidentApp
+
+class CommandHost(Protocol):
+    """What the commands need of the app (ResidentApp), named here so this file needs no app."""
+
+    bridge: AgentBridge
+    ready: bool
+
+    @property
+    def conversation(self) -> ConversationView: ...
+
+    @property
+    def prompt(self) -> PromptInput: ...
+
+    @property
+    def status(self) -> StatusBar: ...
+
+    async def run_exclusive(self, words: str, work: Awaitable[Any]) -> bool: ...
+
+    async def refresh_files(self) -> None: ...
+
+    async def action_quit(self) -> None: ...
+
+    def push_screen(self, screen: Screen) -> Any: ...
+
+    async def push_screen_wait(self, screen: Screen) -> Any: ...
 
 
 class SlashCommands:
-    def __init__(self, app: ResidentApp) -> None:
+    def __init__(self, app: CommandHost) -> None:
         self.app = app
 
     @property

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from engine.attention.torch_backend import get_backend
+from engine.attention.registry import get_backend
 from engine.config import DEFAULT_CPU_KV_GIB, EngineConfig
 from engine.core.runner import ModelRunner
 from engine.cpu_kernels.library import unavailable as cpu_kernels_unavailable

@@ -89,8 +89,8 @@ def engine_backend(engine: Any) -> GrammarBackend:
     """The backend for an LLMEngine's tokenizer; GrammarError when the model has none."""
     try:
         return backend_for(
-            engine.tokenizers.loading,
-            engine.model_files.model_config.vocab_size,
+            engine.tokenizer,
+            engine.model_config.vocab_size,
             engine.eos_token_ids,
         )
     except ValueError as error:

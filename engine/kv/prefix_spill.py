@@ -78,7 +78,7 @@ class PrefixSpill:
         self.pool = engine.pool
         self.allocator = engine.allocator
         self.page_size = engine.config.page_size
-        self.store = engine.kv.prefix_store  # the disk tier, or None
+        self.store = engine.prefix_store  # the disk tier, or None
         self.host = HostTier(host_budget) if host_budget > 0 else None
         self._fingerprint: str | None = None
         self.spilled = self.to_host = self.to_disk = self.dropped = 0
@@ -277,5 +277,5 @@ def open_prefix_spill(engine) -> PrefixSpill | None:
         return None
     spill = PrefixSpill(engine, host_budget_bytes(engine.config, engine.device.type))
     engine.prefix_cache.spill = spill.spill
-    engine.core.scheduler.restore = spill.restore
+    engine.scheduler.restore = spill.restore
     return spill

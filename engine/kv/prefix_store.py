@@ -67,7 +67,7 @@ def engine_fingerprint(engine) -> tuple[str, dict]:
     facts = {
         "format": FORMAT,
         **_model_identity(Path(engine.model_dir)),
-        "architecture": engine.model_files.model_config.architecture,
+        "architecture": engine.model_config.architecture,
         "dtype": str(engine.dtype),
         "kv_cache_dtype": engine.kv_dtype,
         "page_size": engine.config.page_size,
@@ -75,7 +75,7 @@ def engine_fingerprint(engine) -> tuple[str, dict]:
         "kv_rotation": engine.kv_rotation,
         "kv_rotation_detail": engine.kv_rotation_detail,
         "scale_granularity": engine.pool.granularity,
-        "attention_backend": engine.core.runner.backend.name,
+        "attention_backend": engine.runner.backend.name,
         "cpu_kernel": engine.cpu_kernel,
         "deterministic": engine.config.deterministic,
         "device": engine.device.type,

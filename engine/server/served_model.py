@@ -51,9 +51,9 @@ class ServedModel:
                 names.append(alias)
         return cls(
             names=names,
-            tokenizer=engine.tokenizers.loading,
+            tokenizer=engine.tokenizer,
             max_context_tokens=engine.max_model_len,
             capacity_tokens=engine.capacity_tokens,
             model_type=read_model_type(model_dir),
-            chat_template=template_text(engine.tokenizers.loading),
+            chat_template=template_text(engine.tokenizer),
         )

@@ -78,7 +78,7 @@ class Callers:
         engine = self.llm.engine
         self.scripted = ScriptedEngine()
         # Enough of the AsyncEngine surface for the LocalClient: the real tokenizer and folder.
-        self.scripted.tokenizer = engine.tokenizers.loading
+        self.scripted.tokenizer = engine.tokenizer
         self.scripted.engine = SimpleNamespace(model_dir=engine.model_dir)
         self.scripted.stats = self._stats
         self.served = ServedModel.from_engine(SimpleNamespace(engine=engine), "under-test")

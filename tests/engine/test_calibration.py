@@ -97,10 +97,10 @@ def test_servers_calibrate_on_the_sample_before_any_request(tiny_llama_dir, tmp_
 
     engine = AsyncEngine.open(EngineConfig(model=str(tiny_llama_dir), dtype="float32"))
     engine.shutdown()  # its thread stops; the engine itself is driven directly below
-    pool = engine.core.llm_engine.pool
+    pool = engine.engine.pool
     assert pool.scale_source == "sample" and pool.calibrated_layers == 2
     before = pool.scales()
-    LLM.from_engine(engine.core.llm_engine).generate([[7]])
+    LLM.from_engine(engine.engine).generate([[7]])
     assert pool.scales() == before
 
     path = tmp_path / "scales.json"
@@ -112,7 +112,7 @@ def test_servers_calibrate_on_the_sample_before_any_request(tiny_llama_dir, tmp_
     ):
         engine = AsyncEngine.open(config)
         try:
-            assert engine.core.llm_engine.pool.scale_source in ("file", "none")
+            assert engine.engine.pool.scale_source in ("file", "none")
         finally:
             engine.shutdown()
 

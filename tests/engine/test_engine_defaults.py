@@ -39,7 +39,7 @@ def served_engine(tiny_llama_dir):
     engine = build_engine(
         ServeOptions(model=str(tiny_llama_dir), dtype="bfloat16", kv_memory_gib=0.01)
     )
-    yield engine.core.llm_engine
+    yield engine.engine
     engine.shutdown()
 
 

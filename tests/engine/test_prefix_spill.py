@@ -192,7 +192,7 @@ def test_a_waiting_request_does_not_push_pins_out_while_others_run(tiny_llama_di
     engine.add_request([40] * 20, SamplingParams(max_tokens=3, ignore_eos=True), "small")
     engine.add_request([41] * 100, SamplingParams(max_tokens=3, ignore_eos=True), "big")
     engine.step()
-    assert [s.request_id for s in engine.core.scheduler.running] == ["small"]
+    assert [s.request_id for s in engine.scheduler.running] == ["small"]
     assert engine.stats()["kv_spilled_pages"] == 0  # "big" waits for "small"'s pages
     while engine.has_unfinished():
         engine.step()

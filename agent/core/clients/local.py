@@ -80,7 +80,7 @@ class LocalClient(LLMClient):
         self.owns_engine = owns_engine
         model_dir = getattr(getattr(engine, "engine", None), "model_dir", None)
         # The engine's renderer, as the server and LLM.chat use it: same prompt, same parser.
-        self.renderer = ChatRenderer.for_model_dir(engine.tokenizers.loading, model_dir)
+        self.renderer = ChatRenderer.for_model_dir(engine.tokenizer, model_dir)
         self._ids = itertools.count()
         self._session = secrets.token_hex(4)
         self._pinned_ids: list[int] = []

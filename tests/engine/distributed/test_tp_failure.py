@@ -33,7 +33,7 @@ def tp2_engine(tiny_llama_dir):
 
     config = EngineConfig(model=str(tiny_llama_dir), tensor_parallel_size=2, **SETTINGS)
     engine = AsyncEngine(config)
-    pids = [w.pid for w in engine.core.llm_engine.executor.workers]
+    pids = [w.pid for w in engine.engine.executor.workers]
     try:
         yield engine
     finally:
@@ -50,7 +50,7 @@ def test_a_killed_worker_fails_pending_and_new_requests_and_health(tp2_engine):
     from engine.server.served_model import ServedModel
 
     engine = tp2_engine
-    (worker,) = engine.core.llm_engine.executor.workers
+    (worker,) = engine.engine.executor.workers
     app = create_app(engine, ServedModel.from_engine(engine, "tiny"))
     long = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
 

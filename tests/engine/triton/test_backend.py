@@ -8,7 +8,8 @@ from typer.testing import CliRunner
 
 from agent.cli import app
 from engine.attention.deterministic import DeterministicAttentionBackend
-from engine.attention.torch_backend import TorchAttentionBackend, get_backend
+from engine.attention.registry import get_backend
+from engine.attention.torch_backend import TorchAttentionBackend
 from engine.errors import EngineError
 from engine.server.launch import ServeOptions, ServeUsageError, check_options
 
