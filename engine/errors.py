@@ -9,6 +9,11 @@ class UnsupportedModelError(EngineError):
     """The checkpoint's architecture or format is not one the engine implements."""
 
 
+class ModelError(EngineError):
+    """A model that cannot be found, fetched or read (engine/model_files); the message
+    names the fix."""
+
+
 class CheckpointError(EngineError):
     """The checkpoint is incomplete or corrupt (a missing shard, a missing tensor)."""
 

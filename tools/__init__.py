@@ -24,14 +24,14 @@ os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 # ruff: noqa: E402
 
 from tools.base import Arguments, Effect, Registry, Tool, ToolAccess, ToolCall, ToolResult
-from tools.checkpoints.store import (
+from tools.checkpoints.protocol import (
     Change,
     Checkpoint,
     CheckpointError,
     CheckpointStore,
     RestoreReport,
-    open_checkpoint_store,
 )
+from tools.checkpoints.store import open_checkpoint_store
 from tools.context import ToolContext, ToolLimits
 from tools.files.edit import EditTool
 from tools.files.grep import GrepTool

@@ -7,10 +7,28 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from tools.files.access import FileAccess
 from tools.files.state import FileStateLedger
 from tools.sandbox.bubblewrap import Sandbox, SandboxSettings
+
+
+class FileAccess(Protocol):
+    """Reads and writes through someone who holds the files' live text (an editor).
+
+    Both are called from the worker thread a tool runs in and may block on
+    the editor for a while.
+    """
+
+    def read_text(self, path: Path) -> str | None:
+        """The text of `path` (absolute, resolved) as the user sees it, unsaved
+        changes included; None to read the disk instead."""
+        ...
+
+    def write_text(self, path: Path, content: str) -> bool:
+        """Write `content` to `path` through the editor; False when it does not offer
+        that (the disk is written instead). Raises OSError when the editor failed."""
+        ...
 
 
 @dataclass(frozen=True)

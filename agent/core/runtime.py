@@ -30,8 +30,8 @@ from tools import (
     default_tools,
     open_checkpoint_store,
 )
-from tools.checkpoints.store import prune
-from tools.files.access import FileAccess
+from tools.checkpoints.protocol import prune
+from tools.context import FileAccess
 from tools.process.limits import process_cap_mechanism
 from tools.sandbox.bubblewrap import Sandbox, SandboxSettings, SandboxUnavailable, detect_sandbox
 

@@ -13,7 +13,7 @@ import torch
 
 from engine.attention.metadata import AttentionMetadata
 from engine.core.scheduler import ScheduledSequence
-from engine.models.base import ForwardContext
+from engine.models.decoder import ForwardContext
 
 
 @dataclass

@@ -31,34 +31,26 @@ import weakref
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
-import torch
 import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.distributed import parallel
 from engine.distributed.launch import STOP_TIMEOUT_S, WorkerProcess, stop_workers
-from engine.distributed.step import PING, SHUTDOWN, StepMessage, describe_step
+from engine.distributed.step import (
+    PING,
+    PING_INTERVAL_S,
+    SHUTDOWN,
+    StepMessage,
+    describe_step,
+    run_step,
+)
 from engine.errors import WorkerDiedError
 
 log = logging.getLogger(__name__)
 
-PING_INTERVAL_S = 10.0
 # After a failed collective, how long to wait for a local worker's exit to show,
 # so the error names the rank that died rather than the symptom.
 EXPLAIN_WAIT_S = 2.0
-
-
-def run_step(runner, batch, want: set[int], deterministic: bool):
-    """One forward step; in deterministic mode on one thread, so no reduction is split
-    across threads differently for different batch shapes."""
-    if not deterministic:
-        return runner.run(batch, want)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return runner.run(batch, want)
-    finally:
-        torch.set_num_threads(threads)
 
 
 class LocalExecutor:

@@ -20,40 +20,19 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 import torch
 
 from engine.config import EngineConfig
+from engine.distributed.worker import COLLECTIVE_TIMEOUT_S, WorkerSpec, worker_main
 from engine.errors import WorkerDiedError
 from engine.host.threads import usable_cores
 
 log = logging.getLogger(__name__)
 
-# The collective timeout: how long a rank waits for the others in one collective,
-# which includes waiting for the slowest rank to load its weights at start-up. An
-# idle group stays inside it with pings (engine.distributed.executor).
-COLLECTIVE_TIMEOUT_S = 1800.0
 STOP_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything a worker process needs to become its rank (pickled to it)."""
-
-    config: EngineConfig
-    model_dir: str
-    rank: int
-    world_size: int
-    local_rank: int
-    master_addr: str
-    master_port: int
-    device: str
-    threads: int  # torch threads on CPU
-    parent_pid: int
-    die_with_parent: bool  # PR_SET_PDEATHSIG: only when started from the main thread
 
 
 class WorkerProcess:
@@ -124,8 +103,6 @@ def start_workers(
     master_port: int,
 ) -> list[WorkerProcess]:
     """Start this node's worker ranks (on node 0 all but the first, which is the caller)."""
-    from engine.distributed.worker import worker_main
-
     context = mp.get_context("spawn")
     local = config.local_ranks
     first = config.node_rank * local

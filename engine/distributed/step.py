@@ -17,8 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 STEP = "step"
 PING = "ping"  # keeps an idle group inside its collective timeout
+PING_INTERVAL_S = 10.0  # how often rank 0 pings an idle group
 SHUTDOWN = "shutdown"
 
 
@@ -93,3 +96,16 @@ def rebuild_batch(message: StepMessage) -> list[WorkerItem]:
         )
         for s in message.sequences
     ]
+
+
+def run_step(runner, batch, want: set[int], deterministic: bool):
+    """One forward step; in deterministic mode on one thread, so no reduction is split
+    across threads differently for different batch shapes."""
+    if not deterministic:
+        return runner.run(batch, want)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return runner.run(batch, want)
+    finally:
+        torch.set_num_threads(threads)

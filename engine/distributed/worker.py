@@ -22,19 +22,42 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from engine.config import EngineConfig
 from engine.distributed import parallel
-from engine.distributed.executor import PING_INTERVAL_S, run_step
-from engine.distributed.launch import COLLECTIVE_TIMEOUT_S, WorkerSpec
-from engine.distributed.step import SHUTDOWN, STEP, rebuild_batch
+from engine.distributed.step import PING_INTERVAL_S, SHUTDOWN, STEP, rebuild_batch, run_step
 from engine.errors import EngineError
 
 log = logging.getLogger(__name__)
+
+# The collective timeout: how long a rank waits for the others in one collective,
+# which includes waiting for the slowest rank to load its weights at start-up. An
+# idle group stays inside it with pings (engine.distributed.executor).
+COLLECTIVE_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker process needs to become its rank (pickled to it)."""
+
+    config: EngineConfig
+    model_dir: str
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    device: str
+    threads: int  # torch threads on CPU
+    parent_pid: int
+    die_with_parent: bool  # PR_SET_PDEATHSIG: only when started from the main thread
+
 
 # Rank 0 pings an idle group every PING_INTERVAL_S; silence ten times as long means
 # it is gone without its sockets closing (a node that lost power or network).

@@ -21,7 +21,7 @@ are the same for a row however many rows run together. Because H is
 symmetric and orthonormal, rotating twice is the identity.
 
 Where it is applied: GQA models rotate q, k and v after RoPE and the
-attention output back, at run time (engine.models.base.RotatedKVAttention),
+attention output back, at run time (engine.models.decoder.RotatedKVAttention),
 leaving the weights as loaded. MLA folds the latent rotation into the
 weights with the helpers below (in float32, cast back once):
 - a linear layer's output rows that produce rotated values: W' = Hᵀ W, b' = b H

@@ -14,6 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.linear_methods import DENSE, DenseMethod, MethodLinear
+from engine.layers.packed_methods import CHUNK_ROWS, is_packed_method
+
 TILE_ROWS = 16
 
 
@@ -28,6 +31,15 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         [F.linear(buffer[i : i + TILE_ROWS], weight, bias) for i in range(0, padded, TILE_ROWS)]
     )
     return out[:count].reshape(*shape[:-1], weight.shape[0]).to(x.dtype)
+
+
+class TiledMethod(DenseMethod):
+    """Fixed tiles of rows (the last zero-padded): batch-invariant rounding."""
+
+    name = "tiled"
+
+    def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return tiled_linear(x, layer.weight, layer.bias)
 
 
 class BatchInvariantPacked:
@@ -46,8 +58,6 @@ class BatchInvariantPacked:
         self.name = f"{packed.name}-tiled"
 
     def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        from engine.layers.packed_methods import CHUNK_ROWS
-
         out = x.new_empty(*x.shape[:-1], layer.out_features)
         for start in range(0, layer.out_features, CHUNK_ROWS):
             rows = slice(start, min(start + CHUNK_ROWS, layer.out_features))
@@ -62,12 +72,12 @@ class BatchInvariantPacked:
     def weight_bytes(self, layer: nn.Linear) -> int:
         return self.packed.weight_bytes(layer)
 
+    def bytes_beside(self, layer: nn.Linear) -> int:
+        return self.packed.bytes_beside(layer)
+
 
 def make_linear_layers_batch_invariant(model: nn.Module) -> int:
     """Give every linear layer of `model` a batch-invariant method; returns how many."""
-    from engine.layers.linear_methods import DENSE, MethodLinear, TiledMethod
-    from engine.layers.packed_methods import is_packed_method
-
     count = 0
     for module in model.modules():
         if isinstance(module, MethodLinear):

@@ -32,11 +32,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.cpu_kernels.grid_matmul import pack_codes
 from engine.layers.cpu_matrix_path import grid_product
-from engine.layers.linear_methods import DENSE, GridMethod, MethodLinear, grid_weight_of
+from engine.layers.linear_methods import DENSE, DenseMethod, MethodLinear
 
 GROUP = 32
 # Up to this many rows the packed kernel is used; beyond, the dense weight.
@@ -189,6 +190,55 @@ def pack_if_on_grid(weight: torch.Tensor, kernel: str = "bf16") -> PackedWeight 
             grid = on_grid(groups)
             return None if grid is None else pack(*grid)
     return None
+
+
+class GridMethod(DenseMethod):
+    """A CPU grid-packed weight (GridWeight: int8 activations; PackedWeight: torch's
+    int4 kernel up to a few rows, the dense weight beyond)."""
+
+    name = "cpu-grid"
+
+    def __init__(self, packed, max_packed_rows: int):
+        self.packed = packed
+        self.max_packed_rows = max_packed_rows
+
+    def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        packed = self.packed
+        if isinstance(packed, GridWeight):
+            flat = x.reshape(rows, x.shape[-1])
+            if flat.dtype not in (torch.float32, torch.bfloat16):
+                flat = flat.float()
+            out = packed.matmul(flat.contiguous())  # the kernel adds the bias
+            return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
+        if rows > self.max_packed_rows:
+            return F.linear(x, layer.weight, layer.bias)
+        flat = x.reshape(rows, x.shape[-1]).to(torch.bfloat16).contiguous()
+        out = packed.matmul(flat)
+        if layer.bias is not None:
+            out = out + layer.bias
+        return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
+
+    def logits(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """The int8 kernel writes float32 logits from its accumulators: no BF16
+        rounding of the logits and no copy to cast them back."""
+        packed = self.packed
+        if not isinstance(packed, GridWeight) or x.dtype not in (torch.float32, torch.bfloat16):
+            return super().logits(layer, x)
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        return packed.matmul(flat, torch.float32).reshape(*x.shape[:-1], packed.rows)
+
+    def weight_bytes(self, layer: nn.Linear) -> int:
+        return self.packed.nbytes + super().weight_bytes(layer)
+
+    def bytes_beside(self, layer: nn.Linear) -> int:
+        return self.packed.nbytes
+
+
+def grid_weight_of(layer: nn.Module):
+    """The CPU grid-packed weight a layer multiplies with, or None."""
+    method = getattr(layer, "method", None)
+    return method.packed if isinstance(method, GridMethod) else None
 
 
 def pack_grid_weights(model: nn.Module, kernel: str = "bf16") -> dict[str, int]:

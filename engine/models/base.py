@@ -3,79 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from engine.attention.metadata import AttentionMetadata
 from engine.distributed import parallel
 from engine.errors import CheckpointError
 from engine.kv.rotation import HadamardRotation
 from engine.kv.sizing import KVLayout
-from engine.layers.layer_ops import TORCH_LAYER_OPS
 from engine.layers.linear import ColumnParallelLinear, FusedLinear
 from engine.layers.moe import is_local_expert_tensor
 from engine.layers.norm import RMSNorm
 from engine.layers.packed_methods import is_packed_method
 from engine.layers.vocab_parallel import ParallelLMHead
+from engine.models.decoder import ForwardContext, GatedMLP, LlamaModel, PreNormDecoderLayer
 from engine.weights.lazy import materialize
-
-
-@dataclass
-class ForwardContext:
-    """Passed down the layers for one step: where the cache is and how to read it."""
-
-    pool: object
-    meta: AttentionMetadata
-    backend: object
-    # Values every layer would otherwise recompute (rotary rows for this step's positions).
-    step_cache: dict = field(default_factory=dict)
-
-
-class RotatedKVAttention:
-    """Hadamard rotation of K and V (DESIGN.md §3) for GQA attention, at run time.
-
-    After the rotary embedding q, k and v are rotated together (qH, kH, vH;
-    one product over all heads), so the cache stores rotated keys and
-    values and every attention backend sees them unchanged: q·k is
-    unchanged, and the attention output comes out rotated (oH), which one
-    more product undoes before o_proj (H is symmetric and orthonormal, so
-    its own inverse). The weights are left as loaded, so quantized or packed
-    weights keep their form.
-    """
-
-    kv_rotation: HadamardRotation | None = None
-    head_dim: int
-
-    def enable_kv_rotation(self, batch_invariant: bool = False) -> str:
-        if self.kv_rotation is None:
-            self.kv_rotation = HadamardRotation(self.head_dim, batch_invariant)
-        return f"K and V heads: {self.kv_rotation.describe()}, at run time"
-
-
-class PreNormDecoderLayer(nn.Module):
-    """The common decoder layer: x + attn(norm(x)), then x + mlp(norm(x)).
-
-    The first residual add and the norm after it are one layer op (the C kernel
-    does both in one pass; engine/layers/layer_ops.py)."""
-
-    ops = TORCH_LAYER_OPS
-
-    def __init__(self, self_attn: nn.Module, mlp: nn.Module, hidden_size: int, eps: float):
-        super().__init__()
-        self.self_attn = self_attn
-        self.mlp = mlp
-        self.input_layernorm = RMSNorm(hidden_size, eps)
-        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
-
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
-    ) -> torch.Tensor:
-        attended = self.self_attn(positions, self.input_layernorm(x), ctx)
-        norm = self.post_attention_layernorm
-        x, normed = self.ops.add_rms_norm(attended, x, norm.weight, norm.eps)
-        return x + self.mlp(normed)
 
 
 class CausalLM(nn.Module):
@@ -91,8 +33,6 @@ class CausalLM(nn.Module):
 
     def build(self, cfg, layer_factory) -> None:
         """embed -> layers from `layer_factory(i)` -> norm, and lm_head (tied if configured)."""
-        from engine.models.llama import LlamaModel  # the shared trunk
-
         self.config = cfg
         self.model = LlamaModel(cfg, layer_factory)
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size)
@@ -142,7 +82,6 @@ class CausalLM(nn.Module):
         """Compute norms, SwiGLU, rotary and the K/V rotations with `ops` (chosen once,
         at load: engine/layers/layer_ops.py); returns how many of each now use it."""
         from engine.layers.rotary import RotaryEmbedding
-        from engine.models.llama import GatedMLP
 
         users = {
             RMSNorm: "norm",

@@ -5,7 +5,7 @@ Llama-family decode step is a chain of C calls joined by Python: module
 calls, views, argument checks, ctypes conversions, about a quarter of a step
 at 16 rows of the default model. `FusedDecode` describes the model to C once
 (weight pointers, shapes) and is the trunk's `decode_step`
-(engine/models/llama.py LlamaModel): the trunk hands it each step, and
+(engine/models/decoder.py LlamaModel): the trunk hands it each step, and
 `decode_layers` runs the same kernels in the same order. Steps it does not
 cover (prefill, another attention backend, a pool still calibrating or
 observing) run the modules as before. It runs no collectives, so the engine
@@ -23,10 +23,8 @@ from engine.attention.cpu_backend import CPUAttentionBackend
 from engine.cpu_kernels.library import library
 from engine.cpu_kernels.paged_decode import KV_KINDS, supports
 from engine.kv.rotation import HadamardRotation
-from engine.layers.cpu_grid_weights import GridWeight
-from engine.layers.linear_methods import grid_weight_of
-from engine.models.base import PreNormDecoderLayer
-from engine.models.llama import GatedMLP, GQAAttention, LlamaModel
+from engine.layers.cpu_grid_weights import GridWeight, grid_weight_of
+from engine.models.decoder import GatedMLP, GQAAttention, LlamaModel, PreNormDecoderLayer
 
 _PTR, _I64, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 

@@ -41,7 +41,8 @@ from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, rope_inv_freq
 from engine.layers.yarn import softmax_scale_multiplier
 from engine.model_files.model_config import ModelConfig
-from engine.models.base import CausalLM, ForwardContext, PreNormDecoderLayer
+from engine.models.base import CausalLM
+from engine.models.decoder import ForwardContext, PreNormDecoderLayer
 from engine.models.moe_mlp import feed_forward, moe_packed_modules
 
 

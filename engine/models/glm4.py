@@ -8,8 +8,8 @@ from torch import nn
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, model_rotary
 from engine.model_files.model_config import ModelConfig
-from engine.models.base import CausalLM, ForwardContext
-from engine.models.llama import GatedMLP, GQAAttention
+from engine.models.base import CausalLM
+from engine.models.decoder import ForwardContext, GatedMLP, GQAAttention
 
 
 class Glm4DecoderLayer(nn.Module):

@@ -24,8 +24,13 @@ from engine.layers.moe_routing import RoutingConfig
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, model_rotary
 from engine.model_files.model_config import ModelConfig
-from engine.models.base import CausalLM, ForwardContext, PreNormDecoderLayer, RotatedKVAttention
-from engine.models.llama import gqa_qkv_proj
+from engine.models.base import CausalLM
+from engine.models.decoder import (
+    ForwardContext,
+    PreNormDecoderLayer,
+    RotatedKVAttention,
+    gqa_qkv_proj,
+)
 from engine.models.moe_mlp import feed_forward, moe_packed_modules
 
 # transformers' Glm4MoeConfig default when a config does not say.

@@ -17,7 +17,7 @@ from engine.distributed import parallel
 from engine.layers.moe import SparseMoE
 from engine.layers.moe_routing import RoutingConfig
 from engine.model_files.model_config import ModelConfig
-from engine.models.llama import GatedMLP
+from engine.models.decoder import GatedMLP
 
 
 def is_moe_layer(cfg: ModelConfig, layer: int) -> bool:

@@ -95,7 +95,8 @@ def resolve_model(spec: str) -> ResolvedModel:
             raise PlanError(f"{path} is not a config.json object")
         return ResolvedModel(path.name, parse_config(raw, path=path.parent), "config.json")
     if not path.is_dir():
-        from engine.model_files.store import DEFAULT_MODEL_NAME, ModelError
+        from engine.errors import ModelError
+        from engine.model_files.store import DEFAULT_MODEL_NAME
         from engine.model_files.store import resolve_model as store_resolve
 
         try:

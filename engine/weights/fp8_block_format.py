@@ -18,6 +18,7 @@ import torch
 
 from engine.errors import CheckpointError
 from engine.kv.quant import FP8_DTYPE, FP8_MAX, HALF_TRICK_FACTOR, fp8_bits_to_half
+from engine.weights.packed_pieces import Fp8Piece
 from engine.weights.parts import ModulePartsDecoder, Tensors
 
 DEFAULT_BLOCK = (128, 128)
@@ -93,8 +94,6 @@ class Fp8BlockDecoder(ModulePartsDecoder):
 
     def decode(self, module: str, parts: dict[str, torch.Tensor]) -> Tensors:
         if self.keep_packed(module):
-            from engine.layers.packed_methods import Fp8Piece
-
             weight, scale_inv = parts["weight"], parts["weight_scale_inv"]
             expected = scale_grid(tuple(weight.shape), self.block)
             if weight.dim() != 2 or tuple(scale_inv.shape) != expected:

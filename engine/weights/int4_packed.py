@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import CheckpointError, UnsupportedModelError
+from engine.weights.packed_pieces import Int4Piece
 from engine.weights.parts import ModulePartsDecoder, Tensors
 
 VALUES_PER_INT32 = 8
@@ -178,8 +179,6 @@ class PackedInt4Decoder(ModulePartsDecoder):
         rows, cols = int(shape[0]), int(shape[1])
         group = self.scheme.group_size or cols
         if self.keep_packed(module):
-            from engine.layers.packed_methods import Int4Piece
-
             # Validates the shapes the same way, then keeps the words as they are.
             packed, scale = parts["weight_packed"], parts["weight_scale"]
             check_packed_int4_shapes(packed, scale, (rows, cols), group, f"{module}.weight")

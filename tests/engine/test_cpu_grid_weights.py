@@ -8,8 +8,13 @@ import pytest
 import torch
 from torch import nn
 
-from engine.layers.cpu_grid_weights import MAX_PACKED_ROWS, pack_grid_weights, pack_if_on_grid
-from engine.layers.linear_methods import MethodLinear, grid_weight_of
+from engine.layers.cpu_grid_weights import (
+    MAX_PACKED_ROWS,
+    grid_weight_of,
+    pack_grid_weights,
+    pack_if_on_grid,
+)
+from engine.layers.linear_methods import MethodLinear
 from engine.model_files.store import default_model_dir, is_complete
 
 ROWS, COLS = 48, 128  # 4 groups of 32 per row

@@ -124,7 +124,7 @@ def _replaced_methods(model) -> list[str]:
 @needs_default_model
 def test_the_engine_chooses_objects_and_replaces_no_method():
     from engine import LLM
-    from engine.layers.linear_methods import GridMethod
+    from engine.layers.cpu_grid_weights import GridMethod
     from engine.models.cpu_decode_step import FusedDecode
 
     llm = LLM(str(default_model_dir()), kv_cache_dtype="fp8_e4m3", kv_rotation="hadamard")

@@ -26,9 +26,10 @@ from engine.cpu_kernels.packed_matmul import (
 from engine.kv.quant import fp8_bits_to_half
 from engine.layers.linear import FusedLinear
 from engine.layers.linear_methods import MethodLinear
-from engine.layers.packed_methods import Fp8BlockMethod, Fp8Piece, Int4GroupMethod, Int4Piece
+from engine.layers.packed_methods import Fp8BlockMethod, Int4GroupMethod
 from engine.weights.fp8_block_format import quantize_fp8_block
 from engine.weights.int4_packed import pack_int4
+from engine.weights.packed_pieces import Fp8Piece, Int4Piece
 
 pytestmark = pytest.mark.skipif(
     bool(library.unavailable()), reason=f"CPU kernels: {library.unavailable()}"

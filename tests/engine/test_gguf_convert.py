@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from engine.errors import ModelError
 from engine.model_files.gguf_convert import convert_gguf
-from engine.model_files.store import ModelError, default_model_dir, is_complete
+from engine.model_files.store import default_model_dir, is_complete
 from tests.engine.gguf_fixtures import CHAT_TEMPLATE, tiny_llama, tiny_tokenizer, write_tiny_gguf
 
 TEXTS = [

@@ -20,8 +20,8 @@ from engine.kv.sizing import kv_bytes_per_token
 from engine.layers.moe import SparseMoE
 from engine.layers.moe_routing import RoutingConfig, route
 from engine.model_files.model_config import parse_config
+from engine.models.decoder import GatedMLP
 from engine.models.glm4_moe import Glm4MoeForCausalLM
-from engine.models.llama import GatedMLP
 from tests.engine.checkpoints import assert_greedy_matches_reference, reference_logits
 from tests.engine.moe_checkpoints import (
     GLM4_MOE,

@@ -13,7 +13,7 @@ from tests.tools.conftest import commit_all, git, init_repo
 from tools import CheckpointError, open_checkpoint_store
 from tools.checkpoints.copies import CopyCheckpointStore
 from tools.checkpoints.git_refs import GitCheckpointStore
-from tools.checkpoints.store import prune
+from tools.checkpoints.protocol import prune
 
 
 def _tree(root: Path) -> dict[str, object]:

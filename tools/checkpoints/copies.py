@@ -19,7 +19,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from tools.checkpoints.store import (
+from tools.checkpoints.protocol import (
     DEFAULT_MAX_FILE_BYTES,
     Change,
     Checkpoint,

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from tools.checkpoints.store import (
+from tools.checkpoints.protocol import (
     DEFAULT_MAX_FILE_BYTES,
     Change,
     Checkpoint,

@@ -2,7 +2,7 @@
 
 An editor driving the agent (over ACP) may hold unsaved changes: the agent
 should read what the user sees, and its edits should land in the editor,
-which then shows and records them. `FileAccess` is that channel. The front end
+which then shows and records them. `FileAccess` (tools/context.py) is that channel. The front end
 supplies it in `ToolContext.file_access` (tools never import the front end);
 without one, or when it declines, the tools read and write the disk as
 always.
@@ -21,32 +21,12 @@ from __future__ import annotations
 import hashlib
 import io
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from typing import BinaryIO
 
+from tools.context import ToolContext
 from tools.files.state import FileStamp
 from tools.workspace.paths import ResolvedPath
 from tools.workspace.safe_fs import atomic_write, lstat, open_directory
-
-if TYPE_CHECKING:
-    from tools.context import ToolContext
-
-
-class FileAccess(Protocol):
-    """Reads and writes through someone who holds the files' live text (an editor).
-
-    Both are called from the worker thread a tool runs in and may block on
-    the editor for a while.
-    """
-
-    def read_text(self, path: Path) -> str | None:
-        """The text of `path` (absolute, resolved) as the user sees it, unsaved
-        changes included; None to read the disk instead."""
-        ...
-
-    def write_text(self, path: Path, content: str) -> bool:
-        """Write `content` to `path` through the editor; False when it does not offer
-        that (the disk is written instead). Raises OSError when the editor failed."""
-        ...
 
 
 def editor_bytes(ctx: ToolContext, path: Path, disk: bytes) -> bytes | None:

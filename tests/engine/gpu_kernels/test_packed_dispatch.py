@@ -8,10 +8,11 @@ import torch
 
 from engine.layers.gpu_linear import fp8_block_grid, fp8_linear, int4_linear
 from engine.layers.linear_methods import MethodLinear
-from engine.layers.packed_methods import Fp8BlockMethod, Fp8Piece, Int4GroupMethod, Int4Piece
+from engine.layers.packed_methods import Fp8BlockMethod, Int4GroupMethod
 from engine.weights.fp8_block_format import quantize_fp8_block
 from engine.weights.int4_packed import pack_int4
 from engine.weights.meta_init import materialize_parameters
+from engine.weights.packed_pieces import Fp8Piece, Int4Piece
 
 
 def _layer(method, in_features: int, out_features: int, piece) -> MethodLinear:
