@@ -33,7 +33,7 @@ def _first_request_hi(llm: LLM) -> None:
 
 
 def _startup_sample_then_hi(llm: LLM) -> None:
-    calibrate_without_fixed_scales(llm.engine)
+    calibrate_without_fixed_scales(llm)
     _first_request_hi(llm)
 
 

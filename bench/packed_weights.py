@@ -150,7 +150,7 @@ def load(path: Path, mode: str, dtype: str = "bfloat16", kv_cache_dtype: str | N
         kv_memory_gib=0.25,
     )
     seconds = time.perf_counter() - start
-    calibrate_without_fixed_scales(llm.engine)
+    calibrate_without_fixed_scales(llm)
     return llm, seconds
 
 

@@ -29,6 +29,8 @@ from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import RequestOutput
 from engine.errors import WorkerDiedError
 from engine.host.threads import claim_compute_threads, quiet_this_thread, restore_this_thread
+from engine.kv.calibration import calibrate_without_fixed_scales
+from engine.llm import LLM
 from engine.sampling.params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -69,10 +71,8 @@ class AsyncEngine:
         """The engine as `resident serve` runs it: an FP8 cache without fixed scales is
         calibrated on a built-in sample first, so the first request, however short,
         does not set them (engine.kv.calibration)."""
-        from engine.kv.calibration import calibrate_without_fixed_scales
-
         engine = LLMEngine(config)
-        calibrate_without_fixed_scales(engine)
+        calibrate_without_fixed_scales(LLM.from_engine(engine))
         return cls(engine=engine)
 
     def is_alive(self) -> bool:

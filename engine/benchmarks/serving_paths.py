@@ -183,7 +183,7 @@ async def _measure_all(
             with contextlib.ExitStack() as engines:
                 if "library" in paths:
                     llm = engines.enter_context(LLM(model))
-                    calibrate_without_fixed_scales(llm.engine)  # as `resident serve` does
+                    calibrate_without_fixed_scales(llm)  # as `resident serve` does
                     threads = torch.get_num_threads()
                     in_process.append(_library_path(llm, max_tokens, threads))
                 if "async_engine" in paths:

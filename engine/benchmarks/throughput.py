@@ -86,7 +86,7 @@ def _engine_run(
         enable_prefix_caching=False,
     )
     # FP8 scales as `resident serve` sets them, not from the short warm-up prompt.
-    calibrate_without_fixed_scales(llm.engine)
+    calibrate_without_fixed_scales(llm)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
 
     def generate(batch: list[list[int]]) -> int:

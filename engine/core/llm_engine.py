@@ -31,6 +31,7 @@ from engine.kv.scales import scales_in_force
 from engine.kv.sizing import kv_bytes_per_token
 from engine.layers.cpu_matrix_path import describe_matrix_path
 from engine.layers.linear_methods import describe_methods, model_weight_bytes
+from engine.model_files.store import resolve_model
 from engine.sampling.params import SamplingParams
 from engine.sampling.sampler import Sampler, token_logprobs
 from engine.speculative import Speculator
@@ -55,8 +56,6 @@ def _eos_ids(model_dir: Path, tokenizer) -> set[int]:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
-        from engine.model_files.store import resolve_model
-
         self.config = config
         self.model_dir = resolve_model(config.model)
         self.device = torch.device(

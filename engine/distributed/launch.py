@@ -24,11 +24,14 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from engine.config import EngineConfig
+from engine.distributed import parallel
 from engine.distributed.worker import COLLECTIVE_TIMEOUT_S, WorkerSpec, worker_main
-from engine.errors import WorkerDiedError
+from engine.errors import EngineError, WorkerDiedError
 from engine.host.threads import usable_cores
+from engine.model_files.store import resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +175,6 @@ def join_group(
 ) -> None:
     """Rank 0 joins the process group, watching its workers meanwhile: one that dies
     before the group forms is an error at once, not after the collective timeout."""
-    from engine.distributed import parallel
-
     failure: list[BaseException] = []
     joined = threading.Event()
 
@@ -211,10 +212,6 @@ def join_group(
 def check_no_rank_here(tensor_parallel: bool) -> None:
     """One process holds one rank: the layout the model layers read, and the
     collectives their forward runs, belong to the process (engine.distributed.parallel)."""
-    import torch.distributed as dist
-
-    from engine.distributed import parallel
-    from engine.errors import EngineError
 
     layout = parallel.layout()
     if layout.size > 1 or (tensor_parallel and dist.is_initialized()):
@@ -251,9 +248,6 @@ def abandon_ranks(workers: list[WorkerProcess], error: BaseException) -> BaseExc
     """Rank 0 could not build its part: close the group (a worker waiting in a collective
     then fails too), stop the workers, and return the error to raise: the rank that
     died when a collective failed because a worker was gone, else `error` itself."""
-    from engine.distributed import parallel
-    from engine.errors import EngineError
-
     explained: BaseException = error
     if isinstance(error, RuntimeError) and not isinstance(error, EngineError):
         deadline = time.monotonic() + 2.0
@@ -279,8 +273,6 @@ class _Stopped(Exception):
 def run_node(config: EngineConfig) -> int:
     """A node other than 0: start its ranks and wait; exit when they do (0 when all
     stopped cleanly). SIGTERM (0) or SIGINT (130) stop the workers first."""
-    from engine.model_files.store import resolve_model
-
     if config.node_rank == 0:
         raise ValueError("node 0 runs the engine; run_node is for the other nodes")
     model_dir = resolve_model(config.model)

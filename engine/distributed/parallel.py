@@ -154,3 +154,16 @@ def split_size(total: int, what: str) -> int:
     if total % size:
         raise ValueError(f"{what} ({total}) does not split over {size} tensor-parallel ranks")
     return total // size
+
+
+def rank_heads(num_heads: int, what: str, replicas: bool = False) -> tuple[int, int]:
+    """(first head, head count) of the `num_heads` this rank holds. `replicas`: with
+    fewer heads than ranks each head is replicated on tp/num_heads ranks (GQA
+    key/value heads; never query heads, whose outputs the ranks sum)."""
+    tp, rank = tp_size(), tp_rank()
+    if num_heads >= tp or not replicas:
+        local = split_size(num_heads, what)
+        return rank * local, local
+    if tp % num_heads:
+        raise ValueError(f"{what} ({num_heads}) cannot be replicated evenly over {tp} ranks")
+    return rank // (tp // num_heads), 1

@@ -138,9 +138,11 @@ def builtin_sample_texts() -> list[str]:
     return texts
 
 
-def calibrate_without_fixed_scales(engine) -> dict | None:
+def calibrate_without_fixed_scales(llm) -> dict | None:
     """Calibrate an FP8 engine's KV scales on the built-in sample when it has neither
-    checkpoint nor file scales, before any request can set them; None otherwise."""
+    checkpoint nor file scales, before any request can set them; None otherwise.
+    `llm` is an engine.LLM (`LLM.from_engine(engine)` for a bare LLMEngine)."""
+    engine = llm.engine
     pool = engine.pool
     if not pool.is_fp8 or pool.scale_source != "calibrate":
         return None
@@ -150,10 +152,8 @@ def calibrate_without_fixed_scales(engine) -> dict | None:
             "the ranks), not a start-up sample; give --kv-scales for fixed ones"
         )
         return None
-    from engine.llm import LLM
-
     return calibrate_on_texts(
-        LLM.from_engine(engine),
+        llm,
         builtin_sample_texts(),
         window=SAMPLE_WINDOW,
         max_windows=SAMPLE_WINDOWS,

@@ -37,6 +37,7 @@ from engine.kv.disk_tier import (
     DiskTier,
     PageRecord,
     chain_keys,
+    default_root,
     root_key,
     scales_digest,
 )
@@ -340,7 +341,6 @@ def open_prefix_store(engine) -> PrefixStore | None:
             "holds its own shard of every page, and would need its own files"
         )
         return None
-    from engine.kv.disk_tier import default_root
 
     root = Path(engine.config.kv_disk_dir) if engine.config.kv_disk_dir else default_root()
     return PrefixStore(engine, root, int(engine.config.kv_disk_gib * 1024**3))

@@ -35,8 +35,6 @@ import functools
 
 import torch
 
-from engine.layers.layer_ops import TORCH_LAYER_OPS
-
 ROTATIONS = ("none", "hadamard")
 
 
@@ -66,7 +64,9 @@ class HadamardRotation:
     """The (block-diagonal) orthonormal Hadamard rotation of vectors of size `dim`."""
 
     kind = "hadamard"
-    ops = TORCH_LAYER_OPS
+    # The layer ops that compute `rotate` (engine/layers/layer_ops.py: the C kernel's
+    # once the engine chooses them); None: the float32 torch product here.
+    ops = None
 
     def __init__(self, dim: int, batch_invariant: bool = False):
         self.dim = dim
@@ -100,7 +100,18 @@ class HadamardRotation:
             raise ValueError(f"rotation of dim {self.dim} applied to shape {tuple(x.shape)}")
         if self.batch_invariant:
             return _butterflies(x.float(), self.block).to(x.dtype)
+        if self.ops is None:
+            return self.product(x)
         return self.ops.hadamard(x, self)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ blockdiag(H) over the last dim: one float32 product, cast back (a new tensor)."""
+        h = self.block_on(x.device)
+        if self.block == self.dim:
+            out = torch.matmul(x.float(), h)
+        else:
+            out = torch.matmul(x.float().unflatten(-1, (-1, self.block)), h).flatten(-2)
+        return out.to(x.dtype)
 
 
 def _butterflies(x: torch.Tensor, block: int) -> torch.Tensor:

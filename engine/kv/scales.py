@@ -142,10 +142,8 @@ def _rank_heads(scales: torch.Tensor) -> torch.Tensor:
     """[layers, kv_heads] -> the columns of this rank's KV heads; [layers] unchanged."""
     if scales.dim() != 2 or parallel.tp_size() == 1:
         return scales
-    from engine.layers.linear import RowSlice
-
-    piece = RowSlice.heads(scales.shape[1], 1, "key/value heads", replicas=True)
-    return scales[:, piece.start : piece.start + piece.size]
+    first, count = parallel.rank_heads(scales.shape[1], "key/value heads", replicas=True)
+    return scales[:, first : first + count]
 
 
 def scales_in_force(pool, rotation: str) -> dict:

@@ -46,13 +46,13 @@ class RotaryTables(Protocol):
 
 
 class BlockRotation(Protocol):
-    """What the ops read of a Hadamard rotation (engine/kv/rotation.py HadamardRotation),
-    which itself calls the ops: named here so neither module needs the other's."""
+    """What the ops read of a Hadamard rotation (engine/kv/rotation.py HadamardRotation):
+    its size, its block, and its float32 torch product."""
 
     dim: int
     block: int
 
-    def block_on(self, device: torch.device) -> torch.Tensor: ...
+    def product(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 class TorchLayerOps:
@@ -99,13 +99,8 @@ class TorchLayerOps:
         second.copy_(new_second)
 
     def hadamard(self, x: torch.Tensor, rotation: BlockRotation) -> torch.Tensor:
-        """x @ blockdiag(H) over the last dim: one float32 product, cast back (a new tensor)."""
-        h = rotation.block_on(x.device)
-        if rotation.block == rotation.dim:
-            out = torch.matmul(x.float(), h)
-        else:
-            out = torch.matmul(x.float().unflatten(-1, (-1, rotation.block)), h).flatten(-2)
-        return out.to(x.dtype)
+        """x @ blockdiag(H) over the last dim: the rotation's own float32 product."""
+        return rotation.product(x)
 
 
 def _bf16_cpu(x: torch.Tensor) -> bool:

@@ -54,14 +54,8 @@ class RowSlice:
         """Whole heads for this rank. `replicas`: with fewer heads than ranks each head
         is replicated on tp/num_heads ranks (GQA key/value heads; never query heads,
         whose outputs the ranks sum)."""
-        tp, rank = parallel.tp_size(), parallel.tp_rank()
-        if num_heads >= tp or not replicas:
-            local = parallel.split_size(num_heads, what)
-            return RowSlice(num_heads * head_size, rank * local * head_size, local * head_size)
-        if tp % num_heads:
-            raise ValueError(f"{what} ({num_heads}) cannot be replicated evenly over {tp} ranks")
-        head = rank // (tp // num_heads)
-        return RowSlice(num_heads * head_size, head * head_size, head_size)
+        first, count = parallel.rank_heads(num_heads, what, replicas)
+        return RowSlice(num_heads * head_size, first * head_size, count * head_size)
 
 
 def _narrow(tensor, dim: int, piece: RowSlice, name: str) -> torch.Tensor:

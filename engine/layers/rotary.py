@@ -15,6 +15,7 @@ from torch import nn
 
 from engine.errors import UnsupportedModelError
 from engine.layers.layer_ops import TORCH_LAYER_OPS
+from engine.layers.yarn import yarn_inv_freq
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, rope: dict[str, Any]) -> torch.Tensor:
@@ -52,8 +53,6 @@ def rope_inv_freq(
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, rope), 1.0
     if rope_type == "yarn":
-        from engine.layers.yarn import yarn_inv_freq
-
         return yarn_inv_freq(rotary_dim, rope, max_positions)
     raise UnsupportedModelError(
         f"rope_type {rope_type!r} is not supported for this model; "

@@ -9,6 +9,7 @@ memory during load is therefore its own weights plus one tensor.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from safetensors import safe_open
 
 from engine.distributed import parallel
 from engine.errors import CheckpointError, EngineError
+from engine.layers.moe import SparseMoE
 from engine.layers.packed_methods import is_packed_method
 from engine.model_files.model_config import ModelConfig, load_config
 from engine.models import model_class
@@ -114,9 +116,6 @@ def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
 
 def _use_fused_moe(model: torch.nn.Module) -> None:
     """Stack each MoE block's experts for the fused Triton kernel where it can run."""
-    import importlib.util
-
-    from engine.layers.moe import SparseMoE
 
     if importlib.util.find_spec("triton") is None:
         return

@@ -8,13 +8,14 @@ import torch
 from torch import nn
 
 from engine.distributed import parallel
-from engine.errors import CheckpointError
+from engine.errors import CheckpointError, UnsupportedModelError
 from engine.kv.rotation import HadamardRotation
 from engine.kv.sizing import KVLayout
 from engine.layers.linear import ColumnParallelLinear, FusedLinear
 from engine.layers.moe import is_local_expert_tensor
 from engine.layers.norm import RMSNorm
 from engine.layers.packed_methods import is_packed_method
+from engine.layers.rotary import RotaryEmbedding
 from engine.layers.vocab_parallel import ParallelLMHead
 from engine.models.decoder import ForwardContext, GatedMLP, LlamaModel, PreNormDecoderLayer
 from engine.weights.lazy import materialize
@@ -58,8 +59,6 @@ class CausalLM(nn.Module):
 
         `batch_invariant` (deterministic mode) rotates each row by the same
         butterfly arithmetic however many rows run together."""
-        from engine.errors import UnsupportedModelError
-
         described = set()
         for layer in self.model.layers:
             enable = getattr(layer.self_attn, "enable_kv_rotation", None)
@@ -81,8 +80,6 @@ class CausalLM(nn.Module):
     def use_layer_ops(self, ops) -> dict[str, int]:
         """Compute norms, SwiGLU, rotary and the K/V rotations with `ops` (chosen once,
         at load: engine/layers/layer_ops.py); returns how many of each now use it."""
-        from engine.layers.rotary import RotaryEmbedding
-
         users = {
             RMSNorm: "norm",
             GatedMLP: "mlp",

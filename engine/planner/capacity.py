@@ -26,9 +26,11 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EngineError
+from engine.errors import EngineError, ModelError
 from engine.kv.sizing import KVLayout, capacity_tokens, kv_bytes_per_token
 from engine.model_files.model_config import ModelConfig, load_config, parse_config
+from engine.model_files.store import DEFAULT_MODEL_NAME
+from engine.model_files.store import resolve_model as store_resolve
 from engine.planner.presets import PRESETS, Preset
 from engine.planner.weight_bytes import (
     WeightScheme,
@@ -95,10 +97,6 @@ def resolve_model(spec: str) -> ResolvedModel:
             raise PlanError(f"{path} is not a config.json object")
         return ResolvedModel(path.name, parse_config(raw, path=path.parent), "config.json")
     if not path.is_dir():
-        from engine.errors import ModelError
-        from engine.model_files.store import DEFAULT_MODEL_NAME
-        from engine.model_files.store import resolve_model as store_resolve
-
         try:
             path = store_resolve(spec)
         except ModelError as err:

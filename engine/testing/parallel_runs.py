@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from engine.distributed import parallel
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -27,8 +29,6 @@ def free_port() -> int:
 
 
 def _rank_main(rank: int, world: int, port: int, target: str, args: tuple, out: str) -> None:
-    from engine.distributed import parallel
-
     # Ranks share the machine's cores; more threads than cores only thrash.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     parallel.init_distributed(rank, world, "127.0.0.1", port, timeout_s=120)

@@ -24,6 +24,7 @@ from safetensors import safe_open
 from engine.layers.linear import FusedLinear, RowParallelLinear
 from engine.layers.linear_methods import MethodLinear
 from engine.layers.packed_methods import Fp8BlockMethod, Int4GroupMethod
+from engine.weights.int4_packed import PackedInt4Scheme
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,6 @@ def _method_for(layer, layer_shards: set, qc: dict, method_name: str):
     if method_name == "fp8":
         block = qc.get("weight_block_size") or (128, 128)
         return Fp8BlockMethod((int(block[0]), int(block[1])), col_start)
-    from engine.weights.int4_packed import PackedInt4Scheme
 
     group = PackedInt4Scheme.from_quantization_config(qc).group_size
     if group is None or group % 8 or col_start % group or cols % group:

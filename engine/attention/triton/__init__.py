@@ -16,6 +16,7 @@ The kernels themselves live in one module each:
 from __future__ import annotations
 
 import os
+from importlib.metadata import PackageNotFoundError, version
 
 _TRUE = ("1", "true", "on", "yes")
 # The Triton releases every kernel here (and in engine/gpu_kernels) was compiled
@@ -43,8 +44,6 @@ def interpreting() -> bool:
 
 def triton_version() -> tuple[int, int] | None:
     """The installed Triton's (major, minor), read from its package metadata (no import)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         text = version("triton")
     except PackageNotFoundError:

@@ -32,6 +32,7 @@ from engine.attention.triton.decode import gqa_decode
 from engine.attention.triton.kv_write import write_gqa, write_mla
 from engine.attention.triton.mla_decode import mla_decode
 from engine.attention.triton.prefill import prefill_attention
+from engine.errors import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,6 @@ class TritonAttentionBackend:
         # is reported here, not as a compile error in the middle of a request.
         problem = triton_version_problem()
         if problem is not None:
-            from engine.errors import EngineError
-
             raise EngineError(problem)
         if triton_untested():
             log.warning(
@@ -79,8 +78,6 @@ class TritonAttentionBackend:
         if x.is_cuda or interpreting():
             return True
         if self.fallback is None:
-            from engine.errors import EngineError
-
             raise EngineError(
                 "the triton attention backend runs on CUDA tensors (or on CPU under "
                 "TRITON_INTERPRET=1, for tests); use --attention-backend torch on CPU"
