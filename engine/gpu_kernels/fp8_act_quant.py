@@ -5,7 +5,7 @@ For each row and each group of 128 consecutive columns: `scale = max(amax,
 (round to nearest even). A partial last group takes the columns that exist.
 The GEMMs then multiply e4m3 activations by e4m3 weights and apply
 `act_scale[row, group] * weight_scale_inv[block]` to each fp32 partial
-product (fp8_block.py, fused_moe.py).
+product (fp8_block_gemm.py, fused_moe.py).
 
 `quantize_activations_reference` is the torch definition (torch's casts are
 the reference for FP8, DESIGN.md §3). Both compute the same float32

@@ -90,7 +90,7 @@ def mla_attention(shape: ModelShape, tp: int, kv: str, limits: EngineLimits) -> 
 
 def packed_linears(shape: ModelShape, form: str, limits: EngineLimits) -> None:
     """The packed linear layers' kernels (FP8-block with its activation quantizer; W4A16)."""
-    from engine.gpu_kernels import fp8_block, w4a16
+    from engine.gpu_kernels import fp8_block_gemm, w4a16
     from engine.gpu_kernels.fp8_act_quant import groups_per_program, quantize_activations_triton
     from engine.gpu_kernels.layout import FP8_BLOCK, INT4_VALUES_PER_WORD, cdiv
     from engine.kv.quant import FP8_DTYPE
@@ -99,8 +99,8 @@ def packed_linears(shape: ModelShape, form: str, limits: EngineLimits) -> None:
     k = n = shape.hidden
     if form == "fp8":
         scale_inv = meta(cdiv(n, FP8_BLOCK), cdiv(k, FP8_BLOCK), dtype=torch.float32)
-        for m in first_of_each(fp8_block.tiles, rows):
-            fp8_block.fp8_block_linear(meta(m, k), meta(n, k, dtype=FP8_DTYPE), scale_inv)
+        for m in first_of_each(fp8_block_gemm.tiles, rows):
+            fp8_block_gemm.fp8_block_linear(meta(m, k), meta(n, k, dtype=FP8_DTYPE), scale_inv)
         widths = range(FP8_BLOCK, shape.widest_input + 1, FP8_BLOCK)
         for width in last_of_each(lambda w: groups_per_program(cdiv(w, FP8_BLOCK), FP8_BLOCK),
                                   widths):  # fmt: skip
