@@ -51,21 +51,15 @@ from agent.core.clients import ClientError
 from agent.core.events import Event
 from agent.core.runtime import RuntimeOptions, UnknownToolError
 from agent.core.session import SessionNotFound, SessionStore
+from tools import ApprovalMode
 
 log = logging.getLogger(__name__)
 
-# The approval modes, as the session modes an editor offers in its mode picker.
-MODES: tuple[SessionMode, ...] = (
-    SessionMode(id="read-only", name="Read-only", description="Reads only; no edits or commands."),
-    SessionMode(id="ask", name="Ask", description="Asks before every edit and command."),
-    SessionMode(
-        id="auto-edit", name="Auto-edit", description="Edits without asking; asks before commands."
-    ),
-    SessionMode(
-        id="full-auto",
-        name="Full auto",
-        description="Edits and runs commands (in the sandbox) without asking.",
-    ),
+# The approval modes, as the session modes an editor offers in its mode picker:
+# the ids are the modes' values, so a client's mode id is what `--approval` takes.
+MODES: tuple[SessionMode, ...] = tuple(
+    SessionMode(id=mode.value, name=mode.label, description=mode.description)
+    for mode in ApprovalMode
 )
 
 
@@ -231,7 +225,12 @@ class ResidentAgent:
     async def set_session_mode(
         self, session_id: str, mode_id: str, **kwargs: Any
     ) -> SetSessionModeResponse:
-        self._session(session_id).set_approval(mode_id)
+        session = self._session(session_id)
+        try:  # the client's mode id becomes a mode here, at the edge
+            mode = ApprovalMode.parse(mode_id)
+        except ValueError as err:
+            raise RequestError.invalid_params({"modeId": str(err)}) from None
+        session.set_approval(mode)
         return SetSessionModeResponse()
 
     # -- turns -------------------------------------------------------------------------

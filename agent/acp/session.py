@@ -225,11 +225,8 @@ class AcpSession:
     def approval(self) -> ApprovalMode:
         return approval_mode(self._agent())
 
-    def set_approval(self, mode: str) -> None:
-        try:
-            set_approval_mode(self._agent(), mode)
-        except ValueError as err:
-            raise RequestError.invalid_params({"modeId": str(err)}) from None
+    def set_approval(self, mode: ApprovalMode) -> None:
+        set_approval_mode(self._agent(), mode)
 
     async def close(self) -> None:
         """End the session: an unfinished turn is interrupted, the journal completed."""

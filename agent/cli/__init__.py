@@ -16,6 +16,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -24,6 +25,7 @@ from agent.cli.models import models_app
 from agent.core.process_guard import guard_agent_process
 from engine.cli import bench_app, cache_app, plan_command, serve
 from engine.cli.common import MODEL_HELP, fail
+from tools import ApprovalMode
 
 app = typer.Typer(
     help="Resident: a terminal coding agent on its own inference engine.",
@@ -38,7 +40,8 @@ app.add_typer(cache_app, name="cache")
 app.add_typer(models_app, name="models")  # the engine's list and pull, and calibrate
 app.add_typer(mcp_app, name="mcp")
 
-APPROVAL_HELP = "read-only, ask (asks; nobody answers in headless runs), auto-edit or full-auto."
+# The modes themselves are listed by typer from the ApprovalMode annotation.
+APPROVAL_HELP = "How tool calls are approved (ask asks; nobody answers in headless runs)."
 NETWORK_HELP = (
     "Let shell commands use the network (off by default; an allow rule 'network:PREFIX' "
     "allows it for matching commands only)."
@@ -47,21 +50,28 @@ SANDBOX_ENV_HELP = "An environment variable shell commands may see (repeatable).
 SANDBOX_READ_HELP = "A folder shell commands may read, read-only (repeatable)."
 
 
-def _check_agent_options(
-    model: str | None, attach: str | None, approval: str, resume: str | None, continue_last: bool
-):
-    """The checks `resident` and `resident run` share; returns the ApprovalMode."""
-    from tools import ApprovalMode
+def _parse_approval(text: str) -> ApprovalMode:
+    """`--approval`'s word as its mode; a bad one is a usage error (exit 2) naming the modes."""
+    try:
+        return ApprovalMode.parse(text)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
 
+
+def approval_option(help: str = APPROVAL_HELP) -> Any:
+    """The `--approval` option of `resident`, `run` and `acp`: parsed here, at the edge,
+    so the commands get an ApprovalMode; its choices are the enum's."""
+    return typer.Option(ApprovalMode.ASK, parser=_parse_approval, help=help)
+
+
+def _check_agent_options(
+    model: str | None, attach: str | None, resume: str | None, continue_last: bool
+) -> None:
+    """The checks `resident`, `resident run` and `resident acp` share."""
     if model and attach is None and model.startswith(("http://", "https://")):
         fail("--model takes a model name or path; use --attach URL for a server", code=2)
-    try:
-        mode = ApprovalMode(approval)
-    except ValueError:
-        fail(f"--approval must be one of: {', '.join(m.value for m in ApprovalMode)}", code=2)
     if resume and continue_last:
         fail("use --resume ID or --continue, not both", code=2)
-    return mode
 
 
 def _on_terminal() -> bool:
@@ -78,7 +88,7 @@ def main(
     context_window: int = typer.Option(
         None, min=256, help="Tokens per request, for servers without /v1/engine/stats."
     ),
-    approval: str = typer.Option("ask", help=APPROVAL_HELP),
+    approval: ApprovalMode = approval_option(),
     resume: str = typer.Option(None, help="Continue the session with this id."),
     continue_last: bool = typer.Option(
         False, "--continue", help="Continue this repository's latest session."
@@ -98,14 +108,14 @@ def main(
     from agent.core.runtime import RuntimeOptions
     from engine.errors import EngineError
 
-    mode = _check_agent_options(model, attach, approval, resume, continue_last)
+    _check_agent_options(model, attach, resume, continue_last)
     guard_agent_process()
     options = RuntimeOptions(
         model=model,
         attach=attach,
         api_key=api_key,
         context_window=context_window,
-        approval=mode,
+        approval=approval,
         resume=resume,
         continue_last=continue_last,
         network=network,
@@ -147,7 +157,7 @@ def run(
     context_window: int = typer.Option(
         None, min=256, help="Tokens per request, for servers without /v1/engine/stats."
     ),
-    approval: str = typer.Option("ask", help=APPROVAL_HELP),
+    approval: ApprovalMode = approval_option(),
     max_turns: int = typer.Option(50, min=1, help="Model requests allowed for the task."),
     max_tokens: int = typer.Option(None, min=1, help="Tokens allowed per answer."),
     resume: str = typer.Option(None, help="Continue the session with this id."),
@@ -170,14 +180,14 @@ def run(
         task = sys.stdin.read()
     if not task.strip():
         fail("the task is empty", code=2)
-    mode = _check_agent_options(model, attach, approval, resume, continue_last)
+    _check_agent_options(model, attach, resume, continue_last)
     guard_agent_process()
     options = RuntimeOptions(
         model=model,
         attach=attach,
         api_key=api_key,
         context_window=context_window,
-        approval=mode,
+        approval=approval,
         network=network,
         sandbox_env=tuple(sandbox_env),
         sandbox_read=tuple(sandbox_read),
@@ -199,8 +209,8 @@ def acp(
     context_window: int = typer.Option(
         None, min=256, help="Tokens per request, for servers without /v1/engine/stats."
     ),
-    approval: str = typer.Option(
-        "ask", help="The approval mode sessions start in (the editor can switch it)."
+    approval: ApprovalMode = approval_option(
+        "The approval mode sessions start in (the editor can switch it)."
     ),
     max_turns: int = typer.Option(50, min=1, help="Model requests allowed per prompt."),
     max_tokens: int = typer.Option(None, min=1, help="Tokens allowed per answer."),
@@ -220,7 +230,7 @@ def acp(
     from agent.core.loop import AgentSettings
     from agent.core.runtime import RuntimeOptions, UnknownToolError, make_registry
 
-    mode = _check_agent_options(model, attach, approval, None, False)
+    _check_agent_options(model, attach, None, False)
     selected = tuple(n.strip() for n in tools.split(",") if n.strip()) if tools else None
     try:
         make_registry(selected)
@@ -232,7 +242,7 @@ def acp(
         attach=attach,
         api_key=api_key,
         context_window=context_window,
-        approval=mode,
+        approval=approval,
         allow=tuple(allow),
         deny=tuple(deny),
         tools=selected,

@@ -39,7 +39,8 @@ SLASH_COMMANDS: tuple[SlashCommand, ...] = (
     SlashCommand("/mcp", "", "MCP servers: their state and tools"),
     SlashCommand("/quit", "", "leave"),
 )
-APPROVAL_MODES: tuple[str, ...] = tuple(mode.value for mode in ApprovalMode)
+# `/approval`'s choices (its help and completion): the modes' own ids, never a copy.
+APPROVAL_MODES: tuple[str, ...] = ApprovalMode.ids()
 
 
 def find_command(name: str) -> SlashCommand | None:
@@ -109,16 +110,14 @@ async def reopen_runtime(
     return opened
 
 
-def set_approval_mode(agent: Agent, mode: str) -> ApprovalMode:
-    """Change how tool calls are approved from now on; ValueError names the modes."""
-    try:
-        chosen = ApprovalMode(mode.strip().lower())
-    except ValueError:
-        raise ValueError(
-            f"unknown approval mode {mode!r}; the modes are {', '.join(APPROVAL_MODES)}"
-        ) from None
-    agent.approval_mode = chosen
-    return chosen
+def set_approval_mode(agent: Agent, mode: ApprovalMode) -> ApprovalMode:
+    """Change how tool calls are approved from now on.
+
+    Takes the mode, not text: the front end parses what the person typed
+    (`/approval MODE`, ACP's mode id) with ApprovalMode.parse, whose
+    ValueError names the modes; a string here is refused (TypeError)."""
+    agent.approval_mode = mode
+    return mode
 
 
 def approval_mode(agent: Agent) -> ApprovalMode:

@@ -204,7 +204,7 @@ async def open_runtime(
             session_id=session.id,
             model=client.describe(),
             workspace=str(workspace),
-            approval=ApprovalMode(options.approval).value,
+            approval=options.approval.value,
             context_window=window,
             resumed=resumed,
             sandbox=_describe_sandbox(sandbox),

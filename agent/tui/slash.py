@@ -21,6 +21,7 @@ from agent.tui.widgets.conversation import ConversationView
 from agent.tui.widgets.diff_block import DiffBlock
 from agent.tui.widgets.prompt_input import PromptInput
 from agent.tui.widgets.status_bar import StatusBar
+from tools import ApprovalMode
 
 
 class CommandHost(Protocol):
@@ -164,8 +165,8 @@ class SlashCommands:
                 f"(modes: {', '.join(APPROVAL_MODES)}; /approval MODE changes it)."
             )
             return
-        try:
-            chosen = bridge.set_approval(mode)
+        try:  # the typed word becomes a mode here, at the edge; the bridge takes the mode
+            chosen = bridge.set_approval(ApprovalMode.parse(mode))
         except ValueError as err:
             await self.view.note(str(err), "warning")
             return

@@ -36,7 +36,7 @@ from tests.tools.conftest import commit_all, git
 from tools import default_registry
 from tools.base import Registry, ToolResult
 from tools.context import ToolContext, ToolLimits
-from tools.permissions.policy import PermissionPolicy
+from tools.permissions.policy import ApprovalMode, PermissionPolicy
 from tools.sandbox.bubblewrap import Sandbox, SandboxSettings, SandboxUnavailable, detect_sandbox
 from tools.shell.tool import ShellTool
 
@@ -203,7 +203,8 @@ def run_calls(scene: Scene, config: Config, attack: Attack, sandbox: Sandbox | N
         env=scene.env,
         limits=ToolLimits(**limits),
     )
-    policy = PermissionPolicy.for_context(ctx, config.mode, attack.allow, attack.deny)
+    mode = ApprovalMode(config.mode)
+    policy = PermissionPolicy.for_context(ctx, mode, attack.allow, attack.deny)
     events: list[Any] = []
 
     async def approve_all(request: ApprovalRequest) -> ApprovalAnswer | None:

@@ -17,7 +17,7 @@ def decide(registry, workspace):
 
     def run(mode, name, allow=(), deny=(), sandboxed=True, **arguments):
         policy = PermissionPolicy(
-            mode, workspace=workspace, allow=allow, deny=deny, sandboxed=sandboxed
+            ApprovalMode(mode), workspace=workspace, allow=allow, deny=deny, sandboxed=sandboxed
         )
         call = registry.parse(name, arguments)
         assert isinstance(call, ToolCall), call
@@ -332,7 +332,9 @@ def test_external_tools(workspace, mode, allow, deny, tool, expected):
     from tools import ToolAccess
     from tools.base import Effect
 
-    policy = PermissionPolicy(mode, workspace=workspace, allow=allow, deny=deny, sandboxed=True)
+    policy = PermissionPolicy(
+        ApprovalMode(mode), workspace=workspace, allow=allow, deny=deny, sandboxed=True
+    )
     access = ToolAccess(effect=Effect.EXECUTE, summary=tool, external=True)
     assert policy.check_access(tool, access).verdict is expected
 

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from tools import PermissionPolicy, ToolCall, Verdict
+from tools import ApprovalMode, PermissionPolicy, ToolCall, Verdict
 from tools.shell.normalize import Layer, allow_covers, deny_hits, reduce_command
 from tools.shell.option_words import names_long_option, resolve_long, short_letters
 from tools.shell.readonly import path_operands, read_only_problem
@@ -20,7 +20,9 @@ def decide(registry, workspace):
     (workspace / "src").mkdir()
 
     def run(mode, command, allow=(), deny=()):
-        policy = PermissionPolicy(mode, workspace=workspace, allow=allow, deny=deny, sandboxed=True)
+        policy = PermissionPolicy(
+            ApprovalMode(mode), workspace=workspace, allow=allow, deny=deny, sandboxed=True
+        )
         call = registry.parse("shell", {"command": command})
         assert isinstance(call, ToolCall), call
         return policy.check(call)

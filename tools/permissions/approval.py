@@ -15,10 +15,54 @@ NAMESPACE_SEPARATOR = "__"  # between the parts of a namespaced tool name
 
 
 class ApprovalMode(str, Enum):
+    """How tool calls are approved. The values are the ids people type and clients
+    see (`--approval`, `/approval`, ACP's session modes); every front end lists and
+    parses modes through this class, so a mode added here shows up everywhere."""
+
     READ_ONLY = "read-only"
     ASK = "ask"
     AUTO_EDIT = "auto-edit"
     FULL_AUTO = "full-auto"
+
+    @classmethod
+    def parse(cls, text: str) -> ApprovalMode:
+        """The mode `text` names, the one way text becomes a mode: case, spaces
+        around it and `_` for `-` do not matter ("Full_Auto"). ValueError names
+        the modes, in words fit to show the person who typed it."""
+        if isinstance(text, cls):
+            return text
+        key = str(text).strip().lower().replace("_", "-")
+        for mode in cls:
+            if mode.value == key:
+                return mode
+        raise ValueError(f"unknown approval mode {text!r}; the modes are {', '.join(cls.ids())}")
+
+    @classmethod
+    def ids(cls) -> tuple[str, ...]:
+        """Every mode's id, in order from the strictest: the choices shown to people."""
+        return tuple(mode.value for mode in cls)
+
+    @property
+    def label(self) -> str:
+        """A short name for pickers (an editor's mode menu)."""
+        return _ABOUT[self][0]
+
+    @property
+    def description(self) -> str:
+        """What the mode lets the agent do without asking, in one sentence."""
+        return _ABOUT[self][1]
+
+
+# Named and described once, beside the modes: a mode without an entry fails loudly.
+_ABOUT: dict[ApprovalMode, tuple[str, str]] = {
+    ApprovalMode.READ_ONLY: ("Read-only", "Reads only; no edits or commands."),
+    ApprovalMode.ASK: ("Ask", "Asks before every edit and command."),
+    ApprovalMode.AUTO_EDIT: ("Auto-edit", "Edits without asking; asks before commands."),
+    ApprovalMode.FULL_AUTO: (
+        "Full auto",
+        "Edits and runs commands (in the sandbox) without asking.",
+    ),
+}
 
 
 class Verdict(str, Enum):

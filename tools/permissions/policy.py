@@ -61,7 +61,7 @@ SHELL_TOOL = "shell"
 class PermissionPolicy(ShellJudgement):
     def __init__(
         self,
-        mode: ApprovalMode | str,
+        mode: ApprovalMode,
         *,
         workspace: Path,
         extra_roots: Iterable[Path] = (),
@@ -70,7 +70,7 @@ class PermissionPolicy(ShellJudgement):
         sandboxed: bool = False,
         network: bool = False,
     ) -> None:
-        self.mode = ApprovalMode(mode)
+        self.mode = mode
         self.sandboxed = sandboxed  # shell commands run in an OS sandbox
         self.network = network  # the user allowed network for every command
         self.roots = tuple(Path(os.path.realpath(p)) for p in (workspace, *extra_roots))
@@ -81,7 +81,7 @@ class PermissionPolicy(ShellJudgement):
     def for_context(
         cls,
         ctx: ToolContext,
-        mode: ApprovalMode | str,
+        mode: ApprovalMode,
         allow: Iterable[Rule | str] = (),
         deny: Iterable[Rule | str] = (),
     ) -> PermissionPolicy:
@@ -94,6 +94,19 @@ class PermissionPolicy(ShellJudgement):
             sandboxed=ctx.sandbox is not None,
             network=ctx.sandbox_settings.network,
         )
+
+    @property
+    def mode(self) -> ApprovalMode:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: ApprovalMode) -> None:
+        # The judgement compares modes by identity: a string such as "read-only" would
+        # match no mode and judge like ask, looser than read-only. Text is parsed where
+        # it comes in (ApprovalMode.parse), so a string here is a bug, refused loudly.
+        if not isinstance(mode, ApprovalMode):
+            raise TypeError(f"the approval mode must be an ApprovalMode, not {mode!r}")
+        self._mode = mode
 
     def check(self, call: ToolCall) -> Decision:
         return self.check_access(call.name, call.access)
