@@ -36,14 +36,14 @@ class LLM:
     """Loads a model once and generates for lists of prompts.
 
     `model` is a model name from `resident models list`, a Hugging Face model
-    folder, or a `.gguf` file. `dtype` is auto, bfloat16 or float32;
-    `kv_cache_dtype` auto (the model's dtype), bf16 or fp8_e4m3.
-    `tensor_parallel_size=N` runs the model on N processes (engine.distributed;
-    `close()` or a `with` block stops them). What is not
-    given is chosen as `resident serve` chooses it (engine.config.engine_settings):
-    the fastest attention backend and CPU kernels this machine runs, so a
-    script and the server measure the same engine. `attention_backend="torch"`
-    asks for the reference implementation.
+    folder, or a `.gguf` file. The keyword arguments are EngineConfig's settings
+    (engine/config.py declares each: its type, default and allowed values), e.g.
+    `kv_cache_dtype`; `tensor_parallel_size=N` runs the model on N processes
+    (engine.distributed; `close()` or a `with` block stops them). What is not
+    given (None) takes EngineConfig's default (engine.config.engine_settings), as
+    `resident serve` does: the fastest attention backend and CPU kernels this
+    machine runs, so a script and the server measure the same engine.
+    `attention_backend="torch"` asks for the reference implementation.
     """
 
     def __init__(

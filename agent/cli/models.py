@@ -12,8 +12,11 @@ from pathlib import Path
 
 import typer
 
-from engine.cli.common import MODEL_HELP, fail
+from engine.cli.common import MODEL_HELP, fail, setting_option
 from engine.cli.models import models_app as engine_models_app
+from engine.config import unknown_choice
+from engine.kv_dtypes import FP8_KV_DTYPE
+from engine.model_files.store import DEFAULT_MODEL_NAME
 
 models_app = typer.Typer(
     help="List, fetch, and calibrate FP8 KV scales for models.", no_args_is_help=True
@@ -49,14 +52,10 @@ def models_calibrate(
     out: Path = typer.Option(
         ..., "--out", "-o", help="The scales file to write (`resident serve --kv-scales`)."
     ),
-    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP),
-    dtype: str = typer.Option("auto", help="auto, bfloat16 or float32"),
-    kv_rotation: str = typer.Option(
-        "auto", help="none, hadamard, or auto (hadamard); serve with the same rotation."
-    ),
-    kv_scales_per_head: bool = typer.Option(
-        False, "--kv-scales-per-head", help="One FP8 scale per KV head, not per layer."
-    ),
+    model: str = typer.Option(DEFAULT_MODEL_NAME, "--model", "-m", help=MODEL_HELP),
+    dtype: str = setting_option("dtype"),
+    kv_rotation: str = setting_option("kv_rotation", note="Serve with the same rotation."),
+    kv_scales_per_head: bool = setting_option("kv_scales_per_head", "--kv-scales-per-head"),
     window: int = typer.Option(2048, min=16, help="Tokens per window (capped at the context)."),
     max_windows: int = typer.Option(32, min=1, help="Windows prefilled, evenly spread."),
     margin: float = typer.Option(
@@ -70,10 +69,10 @@ def models_calibrate(
     from engine.kv.calibration import calibrate_on_texts
     from engine.kv.scales import write_scales_file
 
-    if kv_rotation not in ("auto", "none", "hadamard"):
-        fail("--kv-rotation must be auto, none or hadamard", code=2)
-    if dtype not in ("auto", "bfloat16", "float32"):
-        fail("--dtype must be auto, bfloat16 or float32", code=2)
+    for name, value in (("kv_rotation", kv_rotation), ("dtype", dtype)):
+        message = unknown_choice(name, value, "--" + name.replace("_", "-"))
+        if message:
+            fail(message, code=2)
     if not out.parent.is_dir():
         fail(f"--out: the folder {out.parent} does not exist", code=2)
     texts = _calibration_texts(paths or [Path.cwd()])
@@ -84,8 +83,7 @@ def models_calibrate(
         llm = LLM(
             model,
             dtype=dtype,
-            kv_cache_dtype="fp8_e4m3",
-            attention_backend="auto",
+            kv_cache_dtype=FP8_KV_DTYPE,  # the scales measured are the FP8 cache's
             kv_rotation=kv_rotation,
             kv_scales_per_head=kv_scales_per_head,
             enable_prefix_caching=False,

@@ -1,9 +1,10 @@
 """Attention backends by name: the one place the engine, its CLI and its server find them.
 
-`BACKEND_NAMES` is what `--attention-backend` accepts; `get_backend` turns a
-name into a backend for the device the model runs on. The Triton backend is
-imported only when chosen: Triton is an optional dependency (Linux x86-64),
-and importing it costs a second.
+The names and what each is are declared in engine/attention/names.py (torch-free,
+so the config and `--help` read them); here each name is bound to its factory,
+and `get_backend` turns a name into a backend for the device the model runs on.
+The Triton backend is imported only when chosen: Triton is an optional
+dependency (Linux x86-64), and importing it costs a second.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from engine.attention import triton as triton_support
 from engine.attention.cpu_backend import CPUAttentionBackend
 from engine.attention.deterministic import DeterministicAttentionBackend
+from engine.attention.names import BACKEND_HELP, BACKEND_NAMES
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.cpu_kernels import library
 from engine.errors import EngineError
@@ -82,16 +84,16 @@ def _cuda(on_cuda: bool | None) -> bool:
     return on_cuda if on_cuda is not None else torch.cuda.is_available()
 
 
-BACKENDS: dict[str, Backend] = {
-    b.name: b
-    for b in (
-        Backend("auto", "triton on CUDA; else cpu where its C kernels run, else torch", _auto),
-        Backend("torch", "the reference, in torch ops (any device)", _torch),
-        Backend("cpu", "C kernels for paged decode and prefill (CPU only)", _cpu_required),
-        Backend("triton", "Triton kernels (CUDA GPU)", _triton),
-    )
+_FACTORIES: dict[str, Callable[[bool | None], object]] = {
+    "auto": _auto,
+    "torch": _torch,
+    "cpu": _cpu_required,
+    "triton": _triton,
 }
-BACKEND_NAMES = tuple(BACKENDS)
+assert set(_FACTORIES) == set(BACKEND_NAMES), "every declared backend name needs a factory"
+BACKENDS: dict[str, Backend] = {
+    name: Backend(name, BACKEND_HELP[name], _FACTORIES[name]) for name in BACKEND_NAMES
+}
 
 
 def get_backend(name: str, deterministic: bool = False, device: torch.device | str | None = None):

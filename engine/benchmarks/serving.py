@@ -21,8 +21,11 @@ import torch
 
 from engine.benchmarks.http_client import stream_chat
 from engine.benchmarks.throughput import PROMPTS
+from engine.config import default_setting
+from engine.model_files.store import DEFAULT_MODEL_NAME
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_MODEL = DEFAULT_MODEL_NAME
+DEFAULT_KV_DTYPE = default_setting("kv_cache_dtype")
 
 
 def machine() -> dict:
@@ -82,7 +85,7 @@ def _chat(model: str, system: str, question: str, max_tokens: int, salt: str) ->
 
 
 def run_prefix(
-    model: str = DEFAULT_MODEL, prefix_tokens: int = 6000, kv_cache_dtype: str = "fp8_e4m3"
+    model: str = DEFAULT_MODEL, prefix_tokens: int = 6000, kv_cache_dtype: str = DEFAULT_KV_DTYPE
 ) -> dict:
     """TTFT of a request sharing a long prefix with an earlier one, against the same cold.
 
@@ -147,7 +150,7 @@ def run_concurrency(
     model: str = DEFAULT_MODEL,
     clients: int = 32,
     max_tokens: int = 16,
-    kv_cache_dtype: str = "fp8_e4m3",
+    kv_cache_dtype: str = DEFAULT_KV_DTYPE,
     with_transformers: bool = True,
 ) -> dict:
     """`clients` concurrent streaming chats against the server, and the same prompts

@@ -8,7 +8,8 @@ from contextlib import contextmanager
 
 import typer
 
-from engine.cli.common import MODEL_HELP, fail
+from engine.cli.common import MODEL_HELP, fail, setting_option
+from engine.model_files.store import DEFAULT_MODEL_NAME
 
 bench_app = typer.Typer(help="Measurements that print JSON.", no_args_is_help=True)
 
@@ -27,15 +28,15 @@ def _usage_errors() -> Iterator[None]:
 
 @bench_app.command("throughput")
 def bench_throughput(
-    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP),
+    model: str = typer.Option(DEFAULT_MODEL_NAME, "--model", "-m", help=MODEL_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     max_tokens: int = typer.Option(128, help="Tokens generated per prompt."),
     batch: int = typer.Option(16, help="Prompts in the batched run."),
     skip_transformers: bool = typer.Option(False, help="Measure the engine only."),
     prefill_tokens: int = typer.Option(4096, min=1, help="Tokens of the cold prefill run."),
     repeats: int = typer.Option(3, min=1, help="Timed runs per figure; the best counts."),
-    attention_backend: str = typer.Option(
-        None, help="Force a backend (torch, cpu, triton); default: what `resident serve` picks."
+    attention_backend: str = setting_option(
+        "attention_backend", default=None, note="Default: what `resident serve` picks."
     ),
 ) -> None:
     """Decode tokens/s: engine (BF16 and FP8 KV) against transformers' generate."""
@@ -56,7 +57,7 @@ def bench_throughput(
 
 @bench_app.command("serving")
 def bench_serving(
-    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP),
+    model: str = typer.Option(DEFAULT_MODEL_NAME, "--model", "-m", help=MODEL_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     max_tokens: int = typer.Option(128, min=1, help="Tokens generated per request (EOS ignored)."),
     concurrency: int = typer.Option(16, min=1, help="Requests at once in the concurrent run."),
@@ -87,7 +88,7 @@ def bench_serving(
 @bench_app.command("accuracy")
 def bench_accuracy(
     model: str = typer.Option(
-        "smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP + " tiny:FAMILY: random."
+        DEFAULT_MODEL_NAME, "--model", "-m", help=MODEL_HELP + " tiny:FAMILY: random."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     variants: str = typer.Option(
@@ -129,10 +130,10 @@ def bench_accuracy(
 
 @bench_app.command("prefix")
 def bench_prefix(
-    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=MODEL_HELP),
+    model: str = typer.Option(DEFAULT_MODEL_NAME, "--model", "-m", help=MODEL_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     prefix_tokens: int = typer.Option(6000, help="Tokens of the shared prefix."),
-    kv_cache_dtype: str = typer.Option("fp8_e4m3", help="auto, bf16 or fp8_e4m3"),
+    kv_cache_dtype: str = setting_option("kv_cache_dtype"),
 ) -> None:
     """Time to first token with a cached shared prefix against a cold one, over HTTP."""
     from engine.benchmarks.serving import run_prefix

@@ -30,6 +30,7 @@ from engine.kv import make_pool
 from engine.kv.pool import PagedKVPool
 from engine.kv.scales import apply_fixed_scales, read_scales_file, resolve_rotation
 from engine.kv.sizing import KVLayout, capacity_tokens, kv_bytes_per_token
+from engine.kv_dtypes import AUTO_KV_DTYPES
 from engine.layers.batch_invariant import make_linear_layers_batch_invariant
 from engine.layers.cpu_grid_weights import pack_grid_weights
 from engine.layers.layer_ops import CPU_LAYER_OPS
@@ -53,8 +54,10 @@ def resolve_dtype(name: str, config_dtype: str | None, device: torch.device) -> 
 
 
 def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> str:
+    """The KV storage dtype `kv_cache_dtype` names; "auto" keeps the model's dtype
+    (engine.kv_dtypes.AUTO_KV_DTYPES: a float32 model keeps a float32 cache)."""
     if name == "auto":
-        return "float32" if model_dtype == torch.float32 else "bf16"
+        return AUTO_KV_DTYPES[str(model_dtype).removeprefix("torch.")]
     return name
 
 

@@ -11,10 +11,14 @@ import logging
 import torch
 
 from engine.kv.sizing import KVLayout
+from engine.kv_dtypes import FP8_KV_DTYPE, KV_DTYPE_BYTES
 
-# fp8 is stored as uint8: index_copy_ and index_select are not defined for
-# float8 on every torch build, and the bytes are the same.
-STORAGE_DTYPES = {"bf16": torch.bfloat16, "float32": torch.float32, "fp8_e4m3": torch.uint8}
+# Each declared KV dtype's torch storage (engine/kv_dtypes.py names them). fp8 is
+# stored as uint8: index_copy_ and index_select are not defined for float8 on
+# every torch build, and the bytes are the same.
+_TORCH_STORAGE = {"bf16": torch.bfloat16, "float32": torch.float32, FP8_KV_DTYPE: torch.uint8}
+STORAGE_DTYPES = {name: _TORCH_STORAGE[name] for name in KV_DTYPE_BYTES}
+assert all(d.itemsize == KV_DTYPE_BYTES[n] for n, d in STORAGE_DTYPES.items()), "bytes differ"
 
 
 log = logging.getLogger(__name__)
@@ -57,7 +61,7 @@ class PagedPoolBase:
         self.num_pages = num_pages
         self.page_size = page_size
         self.kv_dtype = kv_dtype
-        self.is_fp8 = kv_dtype == "fp8_e4m3"
+        self.is_fp8 = kv_dtype == FP8_KV_DTYPE
         self.device = torch.device(device)
         self.storage_dtype = STORAGE_DTYPES[kv_dtype]
         self.storage: torch.Tensor  # [layers, slots, ...], set by the subclass

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-KV_DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8_e4m3": 1, "float32": 4}
+from engine.kv_dtypes import KV_DTYPE_BYTES  # the KV dtypes and their bytes, declared once
+
+__all__ = ["KV_DTYPE_BYTES", "KVLayout", "capacity_tokens", "kv_bytes_per_token"]
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """`resident serve`: check the options, load the engine, log what it holds, run uvicorn.
 
-Usage errors (a non-loopback bind without an API key, an option value not
-implemented yet) are raised as `ServeUsageError` before anything is loaded,
-so the command fails fast with exit code 2.
+Usage errors (a non-loopback bind without an API key, a value a setting does
+not take) are raised as `ServeUsageError` before anything is loaded, so the
+command fails fast with exit code 2. The options themselves (ServeOptions) are
+declared in engine/serve_options.py, the engine settings among them derived from
+EngineConfig, which also says what each setting allows.
 """
 
 from __future__ import annotations
@@ -14,60 +16,21 @@ import os
 import signal
 import socket
 import threading
-from dataclasses import dataclass
 
-from engine.config import default_setting, engine_settings
+from engine.config import EngineConfig, unknown_choice
+from engine.serve_options import (
+    API_KEY_ENV,
+    SERVE_SETTINGS,
+    ServeOptions,
+    flag_of,
+    serve_settings,
+)
 
 log = logging.getLogger("resident.serve")
-
-API_KEY_ENV = "RESIDENT_API_KEY"
-DTYPES = ("auto", "bfloat16", "float32")
-KV_DTYPES = ("auto", "bf16", "fp8_e4m3")
-KV_ROTATIONS = ("auto", "none", "hadamard")
-ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
-CPU_KERNELS = ("auto", "int8", "bf16")
-SPECULATIVE = ("none", "prompt_lookup")
 
 
 class ServeUsageError(ValueError):
     """The options cannot work together; the message says what to change."""
-
-
-@dataclass
-class ServeOptions:
-    model: str
-    host: str = "127.0.0.1"
-    port: int = 8000
-    # The engine's defaults, which `LLM(...)` uses too (engine.config.engine_settings).
-    dtype: str = default_setting("dtype")
-    kv_cache_dtype: str = default_setting("kv_cache_dtype")
-    kv_rotation: str = default_setting("kv_rotation")  # hadamard for fp8 unless scales say no
-    kv_scales_file: str | None = None
-    kv_scales_per_head: bool = False
-    api_key: str | None = None
-    max_num_seqs: int | None = None
-    max_waiting: int | None = 1024
-    kv_memory_gib: float | None = None
-    deterministic: bool = False
-    max_model_len: int | None = None
-    log_level: str = "info"
-    # auto: triton on CUDA, else the C kernels on CPU, else torch.
-    attention_backend: str = default_setting("attention_backend")
-    cpu_kernel: str = default_setting("cpu_kernel")  # grid-weight products: int8 or bf16
-    # Cached prefixes' KV kept on disk across restarts (engine/kv/prefix_store.py).
-    kv_disk: bool = True
-    # The host-memory tier pinned pages spill to under pressure (engine/kv/prefix_spill.py):
-    # GiB, 0 off; None: on for a GPU pool, off on CPU.
-    kv_host_gib: float | None = None
-    speculative: str = default_setting("speculative")  # none or prompt_lookup
-    # Tensor parallelism (engine/distributed): ranks in all, MoE experts dealt whole,
-    # and the nodes they span, meeting at master_addr:master_port.
-    tensor_parallel_size: int = 1
-    expert_parallel: bool = False
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str = default_setting("master_addr")
-    master_port: int | None = None
 
 
 def is_loopback(host: str) -> bool:
@@ -89,22 +52,32 @@ def check_options(options: ServeOptions) -> ServeOptions:
             f"it could use the model. Pass --api-key KEY (or set {API_KEY_ENV}), "
             "or bind to 127.0.0.1"
         )
-    for flag, value, allowed in (
-        ("--dtype", options.dtype, DTYPES),
-        ("--kv-cache-dtype", options.kv_cache_dtype, KV_DTYPES),
-        ("--kv-rotation", options.kv_rotation, KV_ROTATIONS),
-        ("--attention-backend", options.attention_backend, ATTENTION_BACKENDS),
-        ("--cpu-kernel", options.cpu_kernel, CPU_KERNELS),
-        ("--speculative", options.speculative, SPECULATIVE),
-    ):
-        if value not in allowed:
-            raise ServeUsageError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
+    for name in SERVE_SETTINGS:
+        message = unknown_choice(name, getattr(options, name), flag_of(name))
+        if message:
+            raise ServeUsageError(message)
     if options.kv_scales_file and not os.path.isfile(options.kv_scales_file):
         raise ServeUsageError(f"--kv-scales {options.kv_scales_file}: no such file")
     if not 0 < options.port < 65536:
         raise ServeUsageError(f"--port must be 1..65535, not {options.port}")
     check_parallel_options(options)
+    check_settings(options)
     return options
+
+
+def check_settings(options: ServeOptions) -> None:
+    """What EngineConfig says of the settings (bounds, their combination), as a usage
+    error that names the flag."""
+    from pydantic import ValidationError
+
+    try:
+        engine_config(options)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = first["loc"]
+        flag = f"{flag_of(str(where[0]))}: " if where else ""
+        shown = f", not {first['input']!r}" if where else ""
+        raise ServeUsageError(f"{flag}{first['msg'].lower()}{shown}") from None
 
 
 def check_parallel_options(options: ServeOptions) -> None:
@@ -149,35 +122,9 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def engine_config(options: ServeOptions):
+def engine_config(options: ServeOptions) -> EngineConfig:
     """The EngineConfig these options ask for."""
-    from engine.config import EngineConfig
-
-    settings = engine_settings(
-        model=options.model,
-        dtype=options.dtype,
-        kv_cache_dtype=options.kv_cache_dtype,
-        kv_memory_gib=options.kv_memory_gib,
-        deterministic=options.deterministic,
-        max_model_len=options.max_model_len,
-        max_waiting=options.max_waiting,
-        kv_rotation=options.kv_rotation,
-        kv_scales_file=options.kv_scales_file,
-        kv_scales_per_head=options.kv_scales_per_head,
-        attention_backend=options.attention_backend,
-        cpu_kernel=options.cpu_kernel,
-        max_num_seqs=options.max_num_seqs,
-        kv_disk=options.kv_disk,
-        kv_host_gib=options.kv_host_gib,
-        speculative=options.speculative,
-        tensor_parallel_size=options.tensor_parallel_size,
-        expert_parallel=options.expert_parallel,
-        nnodes=options.nnodes,
-        node_rank=options.node_rank,
-        master_addr=options.master_addr,
-        master_port=options.master_port,
-    )
-    return EngineConfig(**settings)
+    return EngineConfig(**serve_settings(options))
 
 
 def build_engine(options: ServeOptions):

@@ -1,0 +1,24 @@
+"""The KV cache's storage dtypes, declared once: the names `kv_cache_dtype` takes
+(besides "auto"), the bytes each stores per value, and the one "auto" picks.
+
+EngineConfig derives the setting's choices from here, engine/kv/sizing.py what a
+token costs and engine/kv/pool_base.py each name's torch storage dtype. It is
+torch-free and sits outside engine/kv, whose package imports torch, so that the
+config and `resident serve --help` read it without loading torch.
+"""
+
+from __future__ import annotations
+
+# The FP8 cache: values quantized with per-layer (or per-head) scales, which
+# `resident models calibrate` measures.
+FP8_KV_DTYPE = "fp8_e4m3"
+
+# Bytes per stored value, by the name `kv_cache_dtype` takes.
+KV_DTYPE_BYTES: dict[str, int] = {"bf16": 2, FP8_KV_DTYPE: 1, "float32": 4}
+KV_DTYPES: tuple[str, ...] = tuple(KV_DTYPE_BYTES)
+
+# `kv_cache_dtype="auto"` keeps what the model computes in: its dtype's name (the
+# `dtype` setting, resolved) -> the cache's. A float32 model keeps a float32 cache.
+AUTO_KV_DTYPES: dict[str, str] = {"bfloat16": "bf16", "float32": "float32"}
+
+assert set(AUTO_KV_DTYPES.values()) <= set(KV_DTYPES), "auto must pick a declared KV dtype"
