@@ -71,7 +71,7 @@ async def agent_turn(model: str, snapshot: str) -> dict:
 
 
 def serve_turn(model: str, token_ids: list[int]) -> dict:
-    from engine.sampling.params import SamplingParams
+    from engine.requests.params import SamplingParams
     from engine.server.launch import ServeOptions, build_engine, restore_prefixes, save_prefixes
 
     engine = build_engine(ServeOptions(model=model))

@@ -29,9 +29,9 @@ from functools import partial
 
 import torch
 
-from engine.core.sequence import Sequence, TokenLogprob
 from engine.cpu_kernels.argmax import row_argmax
-from engine.sampling.params import SamplingParams
+from engine.requests.params import SamplingParams
+from engine.requests.sequence import Sequence, TokenLogprob
 from engine.sampling.sampler import Sampler
 
 # ----- the sampler before issue 16 item 5 (engine/sampling/sampler.py at ab10e63) -------------

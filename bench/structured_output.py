@@ -16,7 +16,7 @@ and sampled (temperature 1.0, seed = task index), in three situations:
   (`parallel_tool_calls: false`) and any number.
 
 An answer is a valid call when it holds at least one call, every call parses
-and its arguments validate against the tool's schema (engine.grammar.json_schema),
+and its arguments validate against the tool's schema (engine.chat.json_schema),
 and nothing malformed is left over. Anything else is malformed: `no_call`
 (prose), `cut_off` (the token budget ran out inside a call), `unparsable`
 (markup the parser rejected) or `schema_invalid`.
@@ -42,10 +42,10 @@ import torch
 
 from agent.core.clients.structured import tool_call_constraint
 from engine import LLM, SamplingParams
+from engine.chat.json_schema import schema_errors
 from engine.grammar import StructuredOutput
 from engine.grammar import masks as grammar_masks
 from engine.grammar.backend import GrammarBackend, backend_for
-from engine.grammar.json_schema import schema_errors
 from engine.rendering import ChatRenderer
 from tools.files.edit import EditTool
 from tools.files.grep import GrepTool

@@ -67,8 +67,8 @@ class PeakSampler:
 
 
 def measure_rank(rank: int, model_dir: str, dtype_name: str) -> list[dict]:
-    from engine.distributed import parallel
-    from engine.model_files.loader import load_model
+    from engine.collectives import parallel
+    from engine.models.loader import load_model
 
     dtype = getattr(torch, dtype_name)
     before = {field: _status_kib(field) for field in ("RssAnon", "VmRSS")}

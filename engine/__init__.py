@@ -4,7 +4,7 @@ from engine import LLM, SamplingParams
 """
 
 from engine.errors import EngineError
-from engine.sampling.params import SamplingParams
+from engine.requests.params import SamplingParams
 
 
 def __getattr__(name: str):

@@ -26,12 +26,12 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
-from engine.core.outputs import RequestOutput
 from engine.errors import WorkerDiedError
 from engine.host.threads import claim_compute_threads, quiet_this_thread, restore_this_thread
 from engine.kv.calibration import calibrate_without_fixed_scales
 from engine.llm import LLM
-from engine.sampling.params import SamplingParams
+from engine.requests.outputs import RequestOutput
+from engine.requests.params import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -3,11 +3,11 @@
 Each field is the one declaration of a setting: its type, default, allowed values
 (a Literal, or bounds) and its help (the description). The entry points derive
 from it: `resident serve` builds its options from these fields (engine/cli/serve.py,
-engine/serve_options.py), `LLM(...)` passes None for what it is not told so the
+engine/server/options.py), `LLM(...)` passes None for what it is not told so the
 default here applies (`engine_settings`), and the other commands take defaults
 and choices through `default_setting` and `setting_choices`. The names of the
 KV cache dtypes and of the attention backends are declared by the modules that
-implement them (engine/kv_dtypes.py, engine/attention/names.py), torch-free so
+implement them (engine/kv/dtypes.py, engine/attention/names.py), torch-free so
 that this module stays cheap to import (the CLI's --help reads it).
 """
 
@@ -19,10 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from engine.attention.names import BACKEND_HELP, BACKEND_NAMES
 from engine.errors import EngineError
-from engine.kv_dtypes import KV_DTYPES
+from engine.kv.dtypes import KV_DTYPES
 
 DTypeName = Literal["auto", "bfloat16", "float32"]
-KVDTypeName = Literal[("auto", *KV_DTYPES)]  # auto: engine.kv_dtypes.AUTO_KV_DTYPES
+KVDTypeName = Literal[("auto", *KV_DTYPES)]  # auto: engine.kv.dtypes.AUTO_KV_DTYPES
 AttentionBackendName = Literal[BACKEND_NAMES]
 KVRotationName = Literal["auto", "none", "hadamard"]
 CPUKernelName = Literal["auto", "int8", "bf16"]
@@ -95,7 +95,7 @@ class EngineConfig(BaseModel):
     )
     # The disk tier of the prefix cache (engine/kv/prefix_store.py): off for the
     # library, on for the agent's local engine and `resident serve`
-    # (engine/serve_options.py SERVE_DEFAULTS).
+    # (engine/server/options.py SERVE_DEFAULTS).
     kv_disk: bool = Field(
         default=False,
         description="Keep cached prefixes' KV on disk: saved when the server stops, "

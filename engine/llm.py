@@ -14,12 +14,12 @@ import torch
 from engine.chat import ParsedChatMessage
 from engine.config import EngineConfig, engine_settings
 from engine.core.llm_engine import LLMEngine
-from engine.core.outputs import RequestOutput
 from engine.errors import EngineError, KVCapacityError
 from engine.kv.quant import CALIBRATION_MARGIN
 from engine.kv.scales import scales_document, write_scales_file
 from engine.rendering import ChatRenderer, RenderedChat
-from engine.sampling.params import SamplingParams
+from engine.requests.outputs import RequestOutput
+from engine.requests.params import SamplingParams
 
 GIB = 1024**3
 

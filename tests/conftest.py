@@ -48,7 +48,7 @@ def _rank_workers() -> list:
 def _ranks_left() -> str:
     """What of a tensor-parallel engine is still open; cheap, and imports nothing (no
     rank can be held before engine.distributed is imported)."""
-    parallel = sys.modules.get("engine.distributed.parallel")
+    parallel = sys.modules.get("engine.collectives.parallel")
     left = []
     if parallel is not None:
         layout = parallel.layout()
@@ -67,7 +67,7 @@ def _close_ranks_left() -> None:
     import gc
 
     from engine.async_engine import AsyncEngine
-    from engine.distributed import parallel
+    from engine.collectives import parallel
     from engine.distributed.executor import MultiProcessExecutor
 
     for found in gc.get_objects():

@@ -15,7 +15,7 @@ import typer
 from engine.cli.common import MODEL_HELP, fail, setting_option
 from engine.cli.models import models_app as engine_models_app
 from engine.config import unknown_choice
-from engine.kv_dtypes import FP8_KV_DTYPE
+from engine.kv.dtypes import FP8_KV_DTYPE
 from engine.model_files.store import DEFAULT_MODEL_NAME
 
 models_app = typer.Typer(

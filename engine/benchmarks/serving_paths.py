@@ -83,7 +83,7 @@ def _library_path(llm, max_tokens: int, threads: int) -> Path:
 
 
 def _async_path(engine, max_tokens: int) -> Path:
-    from engine.sampling.params import SamplingParams
+    from engine.requests.params import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     ids = iter(range(10**9))

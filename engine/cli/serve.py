@@ -1,7 +1,7 @@
 """`serve`: the model over the OpenAI-, Anthropic- and Responses-compatible HTTP API.
 
 The command's options are not written here: each is a field of ServeOptions
-(engine/serve_options.py), the server's own options declared there and the
+(engine/server/options.py), the server's own options declared there and the
 engine settings derived from EngineConfig (engine/config.py), so a flag's
 default, help and allowed values are the ones the engine declares. The
 signature typer reads is built from those fields below.
@@ -18,7 +18,7 @@ from typing import Any
 import typer
 
 from engine.cli.common import fail, setting_option, setting_type
-from engine.serve_options import SERVE_FLAGS, SERVE_SETTINGS, ServeOptions
+from engine.server.options import SERVE_FLAGS, SERVE_SETTINGS, ServeOptions
 
 
 def serve(**given: Any) -> None:

@@ -1,9 +1,10 @@
-"""The request lifecycle: LLMEngine steps requests through the scheduler and the model runner.
+"""The request lifecycle: LLMEngine (llm_engine.py) steps requests through the scheduler.
 
-A request becomes a Sequence (sequence.py); the scheduler (scheduler.py) picks
-which sequences run each step and how many tokens each; the runner (runner.py)
-builds the step's tensors and runs the model that model_stack.py built with its
-KV pool; LLMEngine (llm_engine.py) ties them together and turns finished steps
-into RequestOutputs (outputs.py). The public faces over it are engine.llm.LLM and
-engine.async_engine.AsyncEngine.
+A request (engine/requests: what it asks, its Sequence, what it returns) waits
+in the scheduler (scheduler.py), which picks each step's sequences and how many
+tokens each, from the pages the KV cache has; the step runs on the model
+(engine/execution), through the ranks' executor when tensor-parallel
+(engine/distributed); the sampler (engine/sampling) picks the next tokens and
+LLMEngine turns finished steps into RequestOutputs. The public faces over it
+are engine.llm.LLM and engine.async_engine.AsyncEngine.
 """

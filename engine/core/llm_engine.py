@@ -14,13 +14,11 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.core.model_stack import build_model_stack
-from engine.core.outputs import CompletionOutput, RequestOutput
-from engine.core.scheduler import ScheduledSequence, Scheduler
-from engine.core.sequence import Sequence, TokenLogprob
+from engine.core.scheduler import Scheduler
 from engine.distributed.executor import make_executor
 from engine.distributed.launch import abandon_ranks, check_no_rank_here, start_ranks
 from engine.errors import EngineError, PromptTooLongError, WorkerDiedError
+from engine.execution.model_stack import build_model_stack
 from engine.host.cpu_features import describe_cpu
 from engine.host.threads import fit_to_usable_cores
 from engine.kv.pages import PageAllocator
@@ -32,7 +30,9 @@ from engine.kv.sizing import kv_bytes_per_token
 from engine.layers.cpu_matrix_path import describe_matrix_path
 from engine.layers.linear_methods import describe_methods, model_weight_bytes
 from engine.model_files.store import resolve_model
-from engine.sampling.params import SamplingParams
+from engine.requests.outputs import CompletionOutput, RequestOutput
+from engine.requests.params import SamplingParams
+from engine.requests.sequence import ScheduledSequence, Sequence, TokenLogprob
 from engine.sampling.sampler import Sampler, token_logprobs
 from engine.speculative import Speculator
 from engine.speculative.verifier import SampledTargets, accept_prefix, greedy_targets

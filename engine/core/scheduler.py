@@ -26,34 +26,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from engine.core.sequence import Sequence, SequenceStatus
 from engine.errors import EngineOverloadedError
 from engine.kv.pages import PageAllocator
 from engine.kv.radix import RadixCache
+from engine.requests.sequence import ScheduledSequence, Sequence, SequenceStatus
 from engine.speculative import Speculator
-
-
-@dataclass
-class ScheduledSequence:
-    seq: Sequence
-    num_tokens: int
-    # Speculative decoding: tokens drafted after the pending last token. The step then
-    # runs [last token, *draft] (num_tokens = 1 + len(draft)) and verifies every row.
-    draft: list[int] = field(default_factory=list)
-
-    @property
-    def reaches_end(self) -> bool:
-        """True when this chunk ends at the sequence's last token, so it samples."""
-        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
-
-    def token_ids(self) -> list[int]:
-        """The tokens this step feeds the model."""
-        start = self.seq.num_computed_tokens
-        if self.draft:
-            return self.seq.token_ids[start:] + self.draft
-        return self.seq.token_ids[start : start + self.num_tokens]
 
 
 class Scheduler:

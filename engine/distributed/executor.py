@@ -33,8 +33,8 @@ from multiprocessing.connection import wait
 
 import torch.distributed as dist
 
+from engine.collectives import parallel
 from engine.config import EngineConfig
-from engine.distributed import parallel
 from engine.distributed.launch import STOP_TIMEOUT_S, WorkerProcess, stop_workers
 from engine.distributed.step import (
     PING,

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from engine.collectives import parallel
 from engine.config import EngineConfig
-from engine.distributed import parallel
 from engine.distributed.worker import COLLECTIVE_TIMEOUT_S, WorkerSpec, worker_main
 from engine.errors import EngineError, WorkerDiedError
 from engine.host.threads import usable_cores
@@ -211,7 +211,7 @@ def join_group(
 
 def check_no_rank_here(tensor_parallel: bool) -> None:
     """One process holds one rank: the layout the model layers read, and the
-    collectives their forward runs, belong to the process (engine.distributed.parallel)."""
+    collectives their forward runs, belong to the process (engine.collectives.parallel)."""
 
     layout = parallel.layout()
     if layout.size > 1 or (tensor_parallel and dist.is_initialized()):

@@ -43,7 +43,7 @@ class StepMessage:
 
 
 def describe_step(batch, want: set[int], page_size: int) -> StepMessage:
-    """Rank 0: the message for this scheduled batch (engine.core.scheduler.ScheduledSequence)."""
+    """Rank 0: the message for this scheduled batch (engine.requests.sequence.ScheduledSequence)."""
     sequences = []
     for item in batch:
         seq = item.seq
@@ -64,7 +64,7 @@ def describe_step(batch, want: set[int], page_size: int) -> StepMessage:
 
 @dataclass(slots=True)
 class WorkerSequence:
-    """The part of engine.core.sequence.Sequence the runner reads."""
+    """The part of engine.requests.sequence.Sequence the runner reads."""
 
     num_computed_tokens: int
     pages: list[int]
@@ -72,7 +72,7 @@ class WorkerSequence:
 
 @dataclass(slots=True)
 class WorkerItem:
-    """A stand-in for engine.core.scheduler.ScheduledSequence that ModelRunner.run accepts."""
+    """A stand-in for engine.requests.sequence.ScheduledSequence that ModelRunner.run accepts."""
 
     seq: WorkerSequence
     num_tokens: int

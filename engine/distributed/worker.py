@@ -2,7 +2,7 @@
 
 The process is started by engine.distributed.launch (spawn). It builds its
 model shard, KV pool and runner with the same function rank 0 uses
-(engine.core.model_stack), then loops: receive rank 0's message over the control
+(engine.execution.model_stack), then loops: receive rank 0's message over the control
 group, rebuild the batch, run the same forward (its collectives meet rank
 0's), until a shutdown message. Only rank 0 samples.
 
@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from engine.collectives import parallel
 from engine.config import EngineConfig
-from engine.distributed import parallel
 from engine.distributed.step import PING_INTERVAL_S, SHUTDOWN, STEP, rebuild_batch, run_step
 from engine.errors import EngineError
 
@@ -147,7 +147,7 @@ def worker_main(spec: WorkerSpec, errors: Connection) -> None:
             spec.config.expert_parallel,
             COLLECTIVE_TIMEOUT_S,
         )
-        from engine.core.model_stack import build_model_stack
+        from engine.execution.model_stack import build_model_stack
 
         stack = build_model_stack(spec.config, Path(spec.model_dir), device)
         serve_steps(stack.runner, spec.config.deterministic, watchdog)

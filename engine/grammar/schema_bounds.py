@@ -12,7 +12,7 @@ gets one:
   plainly, without an exponent and with at most a dozen fraction digits).
 
 This only narrows what the grammar allows: everything it still allows
-validates against the original schema (which `engine.grammar.json_schema`
+validates against the original schema (which `engine.chat.json_schema`
 checks in the tests), it just cannot be absurdly long.
 """
 

@@ -1,33 +1,9 @@
-"""The KV cache: page allocation, storage pools, FP8 quantization and sizing."""
+"""The KV cache: page allocation (pages.py), storage pools (pool_base.py, pool.py,
+mla_pool.py, chosen by pools.py), FP8 quantization and scales (quant.py, scales.py,
+calibration.py), the Hadamard rotation (rotation.py), sizing (sizing.py, dtypes.py),
+the prefix cache (radix.py) and its tiers (prefix_spill.py to host memory,
+host_tier.py; prefix_store.py to disk, disk_tier.py).
 
-from __future__ import annotations
-
-import torch
-
-from engine.kv.sizing import KVLayout
-
-
-def make_pool(
-    layout: KVLayout,
-    num_pages: int,
-    page_size: int,
-    kv_dtype: str,
-    device: torch.device,
-    per_head_scales: bool = False,
-):
-    """The pool that stores this layout: per-head K/V pages for GQA, latent rows for MLA.
-
-    `per_head_scales` (GQA only: the MLA latent is shared by all heads)
-    calibrates one scale per KV head instead of one per layer.
-    """
-    if layout.kind == "gqa":
-        from engine.kv.pool import PagedKVPool
-
-        return PagedKVPool(
-            layout, num_pages, page_size, kv_dtype, device, per_head_scales=per_head_scales
-        )
-    if layout.kind == "mla":
-        from engine.kv.mla_pool import MLALatentPool
-
-        return MLALatentPool(layout, num_pages, page_size, kv_dtype, device)
-    raise ValueError(f"no KV pool for layout kind {layout.kind!r}")
+Importing the package imports nothing: its dtype table is read by the CLI
+without loading torch.
+"""

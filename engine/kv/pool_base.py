@@ -10,10 +10,10 @@ import logging
 
 import torch
 
+from engine.kv.dtypes import FP8_KV_DTYPE, KV_DTYPE_BYTES
 from engine.kv.sizing import KVLayout
-from engine.kv_dtypes import FP8_KV_DTYPE, KV_DTYPE_BYTES
 
-# Each declared KV dtype's torch storage (engine/kv_dtypes.py names them). fp8 is
+# Each declared KV dtype's torch storage (engine/kv/dtypes.py names them). fp8 is
 # stored as uint8: index_copy_ and index_select are not defined for float8 on
 # every torch build, and the bytes are the same.
 _TORCH_STORAGE = {"bf16": torch.bfloat16, "float32": torch.float32, FP8_KV_DTYPE: torch.uint8}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.distributed import parallel
+from engine.collectives import parallel
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0

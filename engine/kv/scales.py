@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from engine.distributed import parallel
+from engine.collectives import parallel
 from engine.errors import EngineError
 
 log = logging.getLogger(__name__)

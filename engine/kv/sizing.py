@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from engine.kv_dtypes import KV_DTYPE_BYTES  # the KV dtypes and their bytes, declared once
+from engine.kv.dtypes import KV_DTYPE_BYTES  # the KV dtypes and their bytes, declared once
 
 __all__ = ["KV_DTYPE_BYTES", "KVLayout", "capacity_tokens", "kv_bytes_per_token"]
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.distributed import parallel
+from engine.collectives import parallel
 from engine.layers.linear_methods import MethodLinear
 from engine.layers.packed_methods import is_packed_method
 from engine.weights.lazy import materialize

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.distributed import parallel
+from engine.collectives import parallel
 from engine.layers.moe_routing import RoutingConfig, route
 
 # Parameter-name suffixes that the loader keeps in float32.

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.distributed import parallel
+from engine.collectives import parallel
 from engine.layers.linear_methods import MethodLinear
 
 

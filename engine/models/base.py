@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine.distributed import parallel
+from engine.collectives import parallel
 from engine.errors import CheckpointError, UnsupportedModelError
 from engine.kv.rotation import HadamardRotation
 from engine.kv.sizing import KVLayout

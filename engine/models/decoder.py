@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from engine.attention.metadata import AttentionMetadata
-from engine.distributed import parallel
+from engine.collectives import parallel
 from engine.kv.rotation import HadamardRotation
 from engine.layers.layer_ops import TORCH_LAYER_OPS
 from engine.layers.linear import FusedLinear, RowParallelLinear, RowSlice

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from engine.attention.mla import PATHS, MLADims, mla_attention
-from engine.distributed import parallel
+from engine.collectives import parallel
 from engine.kv.mla_pool import MLALayout
 from engine.kv.rotation import HadamardRotation, rotate_input_columns, rotate_output_rows
 from engine.layers.linear import ColumnParallelLinear, FusedLinear, RowParallelLinear, RowSlice

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.distributed import parallel
+from engine.collectives import parallel
 from engine.layers.linear import RowParallelLinear, RowSlice
 from engine.layers.moe import ROUTER_FP32_SUFFIXES
 from engine.layers.moe_routing import RoutingConfig

@@ -13,7 +13,7 @@ from contextlib import nullcontext
 
 from torch import nn
 
-from engine.distributed import parallel
+from engine.collectives import parallel
 from engine.layers.moe import SparseMoE
 from engine.layers.moe_routing import RoutingConfig
 from engine.model_files.model_config import ModelConfig

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampling.params import SamplingParams
+from engine.requests.params import SamplingParams
 
 # Top-p on the CPU looks for its cut among the 64 largest logits first, then the
 # 1024, then the 16,384 largest, and sorts only the rows whose nucleus is wider

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.core.sequence import Sequence
+from engine.requests.sequence import Sequence
 
 
 def has_penalties(seq: Sequence) -> bool:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.core.sequence import Sequence, TokenLogprob
 from engine.cpu_kernels.argmax import row_argmax
+from engine.requests.sequence import Sequence, TokenLogprob
 from engine.sampling.draw import inverse_cdf, uniforms
 from engine.sampling.filters import TOP_P_CANDIDATES, filtered_probs, rows_index
 from engine.sampling.penalties import apply_penalties_, has_penalties

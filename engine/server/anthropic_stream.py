@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from engine.core.outputs import RequestOutput
+from engine.requests.outputs import RequestOutput
 from engine.server.anthropic_blocks import ContentBlocks
 from engine.server.anthropic_translate import usage
 from engine.server.chat_rendering import ChatPrompt

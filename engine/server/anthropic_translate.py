@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from engine.core.outputs import RequestOutput
+from engine.requests.outputs import RequestOutput
 from engine.server.anthropic_protocol import (
     Conversation,
     InputMessage,

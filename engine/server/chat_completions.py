@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from engine.chat import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallEnd, ToolCallError
-from engine.core.outputs import RequestOutput
+from engine.requests.outputs import RequestOutput
 from engine.server.chat_rendering import ChatPrompt, render_chat
 from engine.server.context import ServerContext, new_request_id
 from engine.server.error_responses import GenerationFailed

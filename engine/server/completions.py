@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine.core.outputs import RequestOutput
+from engine.requests.outputs import RequestOutput
 from engine.server.context import ServerContext, new_request_id
 from engine.server.error_responses import GenerationFailed, bad_request
 from engine.server.generation import GenerationGroup, Job, unless_disconnected

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from engine.core.outputs import RequestOutput
-from engine.sampling.params import SamplingParams
+from engine.requests.outputs import RequestOutput
+from engine.requests.params import SamplingParams
 from engine.server.error_responses import ClientDisconnected
 from engine.server.metrics import ServerMetrics
 

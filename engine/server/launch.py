@@ -3,7 +3,7 @@
 Usage errors (a non-loopback bind without an API key, a value a setting does
 not take) are raised as `ServeUsageError` before anything is loaded, so the
 command fails fast with exit code 2. The options themselves (ServeOptions) are
-declared in engine/serve_options.py, the engine settings among them derived from
+declared in engine/server/options.py, the engine settings among them derived from
 EngineConfig, which also says what each setting allows.
 """
 
@@ -18,7 +18,7 @@ import socket
 import threading
 
 from engine.config import EngineConfig, unknown_choice
-from engine.serve_options import (
+from engine.server.options import (
     API_KEY_ENV,
     SERVE_SETTINGS,
     ServeOptions,

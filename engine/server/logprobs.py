@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.core.sequence import TokenLogprob
+from engine.requests.sequence import TokenLogprob
 
 
 class TokenText:

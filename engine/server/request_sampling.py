@@ -13,7 +13,7 @@ from typing import Any
 from engine.errors import EngineError
 from engine.grammar import GrammarError, StructuredOutput, ToolCallConstraint
 from engine.grammar.spec import reasoning_mode, tool_schemas
-from engine.sampling.params import SamplingParams
+from engine.requests.params import SamplingParams
 from engine.server.error_responses import bad_request
 from engine.server.protocol import ChatCompletionRequest, NamedToolChoice, SamplingFields
 from engine.server.served_model import ServedModel

@@ -30,7 +30,7 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from engine.chat import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallEnd, ToolCallError
-from engine.core.outputs import RequestOutput
+from engine.requests.outputs import RequestOutput
 from engine.server.chat_rendering import ChatPrompt
 from engine.server.error_responses import APIError, GenerationFailed, from_exception
 from engine.server.generation import GenerationGroup

@@ -39,7 +39,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from engine.core.sequence import Sequence
+from engine.requests.sequence import Sequence
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from engine.core.sequence import Sequence
+from engine.requests.sequence import Sequence
 
 
 class Proposer(Protocol):

@@ -17,7 +17,7 @@ decode step and stops where those stop.
 
 from __future__ import annotations
 
-from engine.core.sequence import Sequence
+from engine.requests.sequence import Sequence
 from engine.speculative.adaptive import AdaptiveK
 from engine.speculative.prompt_lookup import PromptLookupProposer
 from engine.speculative.proposer import Proposer

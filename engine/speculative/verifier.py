@@ -27,9 +27,9 @@ from __future__ import annotations
 import torch
 
 from engine.cpu_kernels.argmax import row_argmax
+from engine.requests.params import SamplingParams
 from engine.sampling.draw import inverse_cdf, uniforms
 from engine.sampling.filters import TOP_P_CANDIDATES, filtered_probs
-from engine.sampling.params import SamplingParams
 
 
 def accept_prefix(draft: list[int], targets: list[int]) -> list[int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from engine.distributed import parallel
+from engine.collectives import parallel
 
 
 def free_port() -> int:

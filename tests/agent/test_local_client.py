@@ -11,7 +11,7 @@ import pytest
 
 from agent.core.clients import ChatRequest, Completion, TextChunk, ToolCallChunk
 from agent.core.clients.local import LocalClient
-from engine.core.outputs import CompletionOutput, RequestOutput
+from engine.requests.outputs import CompletionOutput, RequestOutput
 from tests.agent.helpers import run_cli
 from tests.engine.checkpoints import save_tokenizer, tiny_llama
 

@@ -12,10 +12,10 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.core.outputs import CompletionOutput, RequestOutput
-from engine.core.sequence import TokenLogprob
 from engine.errors import EngineOverloadedError
-from engine.sampling.params import SamplingParams
+from engine.requests.outputs import CompletionOutput, RequestOutput
+from engine.requests.params import SamplingParams
+from engine.requests.sequence import TokenLogprob
 
 
 @dataclass

@@ -13,7 +13,7 @@ import json
 import openai
 import pytest
 
-from engine.grammar.json_schema import schema_errors
+from engine.chat.json_schema import schema_errors
 from tests.e2e.conftest import client_for
 from tests.e2e.fixtures import SEARCH_TOOL, WEATHER_TOOL
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.core.outputs import CompletionOutput
+from engine.requests.outputs import CompletionOutput
 
 
 def margins_of_logits(logits: torch.Tensor) -> list[float]:

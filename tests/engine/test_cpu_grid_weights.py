@@ -163,7 +163,7 @@ def test_the_default_model_packs_whole_and_agrees_with_its_dense_weights(monkeyp
     BF16 ones (every layer keeps its weight) are two BF16 evaluations of the float32
     model: their logits must agree as such (tests/engine/agreement.py), on the packed
     run's greedy continuations, teacher-forced; token equality would be luck."""
-    import engine.core.model_stack as engine_module
+    import engine.execution.model_stack as engine_module
     from engine import LLM, SamplingParams
     from tests.engine.agreement import (
         DEFAULT_MODEL_GENERATED,

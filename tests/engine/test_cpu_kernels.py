@@ -185,7 +185,7 @@ def test_a_model_decodes_the_same_tokens_on_the_cpu_backend(tiny_llama_dir, kv, 
 
 
 def test_cpu_kernel_choice_falls_back_or_says_why(tiny_llama_dir, monkeypatch):
-    import engine.core.model_stack as engine_module
+    import engine.execution.model_stack as engine_module
     from engine import LLM
     from engine.errors import EngineError
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import engine.sampling.sampler as sampler_module
-from engine.core.sequence import Sequence
+from engine.requests.params import SamplingParams
+from engine.requests.sequence import Sequence
 from engine.sampling import filters
-from engine.sampling.params import SamplingParams
 from engine.sampling.sampler import Sampler, token_logprobs
 
 # ----- the reference: one row at a time, straight from the definitions ---------------

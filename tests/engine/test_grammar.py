@@ -14,17 +14,17 @@ import pytest
 import torch
 import xgrammar as xgr
 
+from engine.chat.json_schema import schema_errors
 from engine.chat.tool_parsers import get_tool_parser
 from engine.errors import EngineError
 from engine.grammar import GrammarError, StructuredOutput
 from engine.grammar.backend import GrammarBackend
 from engine.grammar.builder import build_grammar
-from engine.grammar.json_schema import schema_errors
 from engine.grammar.masks import apply_grammar_masks
 from engine.grammar.schema_bounds import bound_numbers
 from engine.grammar.schema_support import check_schema
 from engine.grammar.vocab import build_tokenizer_info
-from engine.sampling.params import SamplingParams
+from engine.requests.params import SamplingParams
 from engine.testing.tokenizers import (
     GLM_EOS_TOKENS,
     GLM_VOCAB_SIZE,

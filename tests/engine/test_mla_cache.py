@@ -9,8 +9,8 @@ import torch
 
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.mla import MLADims, choose_path, mla_attention
-from engine.kv import make_pool
 from engine.kv.mla_pool import MLALatentPool, MLALayout
+from engine.kv.pools import make_pool
 from engine.kv.sizing import KVLayout, kv_bytes_per_token
 
 DIMS = MLADims(num_heads=4, nope_dim=16, rope_dim=8, v_dim=12, lora_rank=32)

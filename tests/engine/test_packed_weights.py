@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.distributed import parallel
+from engine.collectives import parallel
 from engine.layers.linear import FusedLinear, RowSlice
 from engine.layers.linear_methods import MethodLinear, describe_methods, model_weight_bytes
 from engine.layers.packed_methods import Fp8BlockMethod, is_packed_method
-from engine.model_files.loader import load_model
+from engine.models.loader import load_model
 from engine.testing.checkpoints import make_checkpoint
 from engine.weights.fp8_block_format import dequantize_fp8_block, quantize_fp8_block
 from engine.weights.int4_packed import dequantize_packed_int4, pack_int4

@@ -9,7 +9,7 @@ import json
 from typer.testing import CliRunner
 
 from engine.cli import engine_app
-from engine.sampling.params import SamplingParams
+from engine.requests.params import SamplingParams
 from engine.server import launch
 from engine.server.launch import ServeOptions, build_engine, restore_prefixes, save_prefixes
 

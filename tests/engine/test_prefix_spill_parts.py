@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kv import make_pool
 from engine.kv.host_tier import HostEntry, HostTier
 from engine.kv.mla_pool import MLALayout
 from engine.kv.pages import PageAllocator
+from engine.kv.pools import make_pool
 from engine.kv.radix import RadixCache
 from engine.kv.sizing import KVLayout
 

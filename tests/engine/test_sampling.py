@@ -115,7 +115,7 @@ def test_logprobs_match_reference(llm, tiny_llama_dir):
 
 
 def test_batched_greedy_rows_each_get_their_own_argmax_penalties_included():
-    from engine.core.sequence import Sequence
+    from engine.requests.sequence import Sequence
     from engine.sampling.sampler import Sampler
 
     logits = torch.tensor([[0.0, 5.0, 4.0, 1.0], [0.0, 5.0, 4.0, 1.0], [9.0, 0.0, 0.0, 0.0]])

@@ -25,18 +25,18 @@ from engine.config import (
     setting_choices,
     setting_help,
 )
-from engine.core.model_stack import resolve_dtype, resolve_kv_dtype
+from engine.execution.model_stack import resolve_dtype, resolve_kv_dtype
+from engine.kv.dtypes import KV_DTYPES
 from engine.kv.pool_base import STORAGE_DTYPES
 from engine.kv.sizing import KV_DTYPE_BYTES
-from engine.kv_dtypes import KV_DTYPES
 from engine.model_files.store import DEFAULT_MODEL_NAME
-from engine.serve_options import (
+from engine.server import launch
+from engine.server.options import (
     SERVE_DEFAULTS,
     SERVE_SETTINGS,
     ServeOptions,
     flag_of,
 )
-from engine.server import launch
 
 runner = CliRunner()
 
@@ -215,7 +215,7 @@ def test_serve_options_hold_no_setting_of_their_own():
 
 def test_the_declarations_import_without_torch():
     code = (
-        "import sys, engine.cli, engine.config, engine.serve_options, engine.kv_dtypes; "
+        "import sys, engine.cli, engine.config, engine.server.options, engine.kv.dtypes; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -261,7 +261,7 @@ def test_each_row_is_the_draw_the_sampler_would_make_there():
     keep(n) leaves the request's stream where n plain draws leave it."""
     import torch
 
-    from engine.core.sequence import Sequence
+    from engine.requests.sequence import Sequence
     from engine.sampling.sampler import Sampler
     from engine.speculative.verifier import SampledTargets
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core.sequence import Sequence
-from engine.sampling.params import SamplingParams
+from engine.requests.params import SamplingParams
+from engine.requests.sequence import Sequence
 from engine.speculative import Speculator
 from engine.speculative.adaptive import AdaptiveK
 from engine.speculative.prompt_lookup import PromptLookupProposer

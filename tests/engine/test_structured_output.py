@@ -19,9 +19,9 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.async_engine import AsyncEngine
+from engine.chat.json_schema import schema_errors
 from engine.grammar import StructuredOutput
 from engine.grammar.backend import GrammarBackend, backend_for
-from engine.grammar.json_schema import schema_errors
 from engine.model_files.store import default_model_dir, is_complete
 from engine.rendering import ChatRenderer
 

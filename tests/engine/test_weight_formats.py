@@ -13,8 +13,8 @@ from safetensors.torch import save_file
 
 from engine import LLM, SamplingParams
 from engine.errors import CheckpointError, UnsupportedModelError
-from engine.model_files.loader import iter_tensors
 from engine.model_files.model_config import parse_config
+from engine.models.loader import iter_tensors
 from engine.weights.formats import weight_decoder
 from engine.weights.fp8_block_format import dequantize_fp8_block, quantize_fp8_block
 from engine.weights.int4_packed import (

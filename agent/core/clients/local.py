@@ -38,7 +38,7 @@ from agent.core.clients.structured import tool_call_constraint
 from engine.chat import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallEnd, ToolCallError
 from engine.errors import EngineError, EngineOverloadedError, PromptTooLongError
 from engine.rendering import ChatRenderer, ChatRenderError, RenderedChat
-from engine.sampling.params import SamplingParams
+from engine.requests.params import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from engine.chat.json_schema import json_type
 from engine.chat.tool_parsers.base import loads_strict
-from engine.grammar.json_schema import json_type
 
 # Without a schema, only text starting like one of these can become non-string JSON.
 UNTYPED_JSON_STARTS = frozenset("{[-0123456789tfn")

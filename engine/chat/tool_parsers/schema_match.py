@@ -17,7 +17,7 @@ The rules are therefore strict, and ambiguity means no match:
 - a tool without parameters takes only `{}`.
 
 The values are checked by the engine's JSON Schema checker
-(`engine/grammar/json_schema.py`). A schema it cannot read (a regular expression
+(`engine/chat/json_schema.py`). A schema it cannot read (a regular expression
 Python does not accept, a `$ref` that leads nowhere) rules its tool out for
 this purpose: a name is only ever inferred from a schema that was checked.
 """
@@ -28,7 +28,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from engine.grammar.json_schema import schema_errors
+from engine.chat.json_schema import schema_errors
 
 
 def fits(value: Any, schema: Any) -> bool:

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.distributed import parallel
+from engine.collectives import parallel
 from engine.errors import EngineError
-from engine.model_files.loader import checkpoint_files, load_model
+from engine.models.loader import checkpoint_files, load_model
 from engine.testing.checkpoints import build_glm4_moe, tiny_llama
 
 

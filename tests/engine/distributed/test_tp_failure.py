@@ -14,8 +14,8 @@ import pytest
 import torch.distributed as dist
 
 from engine import SamplingParams
+from engine.collectives import parallel
 from engine.distributed import executor as executor_module
-from engine.distributed import parallel
 from engine.errors import WorkerDiedError
 from tests.engine.distributed.helpers import is_running, kill_all, patience, wait_until
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.distributed import parallel
+from engine.collectives import parallel
 from engine.gpu_kernels.fused_moe import fused_moe
-from engine.model_files.loader import load_model
+from engine.models.loader import load_model
 from engine.testing.checkpoints import make_checkpoint
 
 

@@ -1,7 +1,7 @@
 """One rank's model, KV pool and runner: what rank 0 (LLMEngine) and every worker build alike.
 
 `build_model_stack` loads the model (this rank's shard once the process has
-joined a tensor-parallel group: engine.distributed.parallel), sets up the K/V
+joined a tensor-parallel group: engine.collectives.parallel), sets up the K/V
 rotation, the CPU weight packing or deterministic reductions, sizes and
 allocates the KV pool and makes the ModelRunner. Everything that decides what
 a forward step computes is here, so every rank computes the same step.
@@ -21,23 +21,23 @@ from pathlib import Path
 import torch
 
 from engine.attention.registry import get_backend
+from engine.collectives import parallel
 from engine.config import DEFAULT_CPU_KV_GIB, EngineConfig
-from engine.core.runner import ModelRunner
 from engine.cpu_kernels.library import unavailable as cpu_kernels_unavailable
-from engine.distributed import parallel
 from engine.errors import EngineError, KVCapacityError
-from engine.kv import make_pool
+from engine.execution.runner import ModelRunner
+from engine.kv.dtypes import AUTO_KV_DTYPES
 from engine.kv.pool import PagedKVPool
+from engine.kv.pools import make_pool
 from engine.kv.scales import apply_fixed_scales, read_scales_file, resolve_rotation
 from engine.kv.sizing import KVLayout, capacity_tokens, kv_bytes_per_token
-from engine.kv_dtypes import AUTO_KV_DTYPES
 from engine.layers.batch_invariant import make_linear_layers_batch_invariant
 from engine.layers.cpu_grid_weights import pack_grid_weights
 from engine.layers.layer_ops import CPU_LAYER_OPS
 from engine.layers.packed_methods import Int4GroupMethod
-from engine.model_files.loader import cast_parameters, load_model
 from engine.model_files.model_config import load_config
 from engine.models.cpu_decode_step import fused_decode_for
+from engine.models.loader import cast_parameters, load_model
 
 log = logging.getLogger(__name__)
 GIB = 1024**3
@@ -55,7 +55,7 @@ def resolve_dtype(name: str, config_dtype: str | None, device: torch.device) -> 
 
 def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> str:
     """The KV storage dtype `kv_cache_dtype` names; "auto" keeps the model's dtype
-    (engine.kv_dtypes.AUTO_KV_DTYPES: a float32 model keeps a float32 cache)."""
+    (engine.kv.dtypes.AUTO_KV_DTYPES: a float32 model keeps a float32 cache)."""
     if name == "auto":
         return AUTO_KV_DTYPES[str(model_dtype).removeprefix("torch.")]
     return name
@@ -110,7 +110,7 @@ def build_model_stack(config: EngineConfig, model_dir: Path, device: torch.devic
             f"max_position_embeddings {model_config.max_position_embeddings}"
         )
     if ranks > 1:
-        from engine.distributed.agreement import check_same_on_all_ranks
+        from engine.collectives.agreement import check_same_on_all_ranks
 
         check_same_on_all_ranks(
             {
@@ -268,7 +268,7 @@ def _build_pool(
     budget = _kv_budget_bytes(config, device, max_model_len, per_token)
     num_pages = capacity_tokens(budget, layout, kv_dtype, page) // page
     if parallel.tp_size() > 1:
-        from engine.distributed.agreement import min_over_ranks
+        from engine.collectives.agreement import min_over_ranks
 
         # Page tables are global: every rank holds the pages the smallest can.
         num_pages = min_over_ranks(num_pages)

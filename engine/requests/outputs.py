@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.core.sequence import TokenLogprob
+from engine.requests.sequence import TokenLogprob
 
 
 @dataclass

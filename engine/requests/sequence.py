@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from engine.sampling.params import SamplingParams
+from engine.requests.params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -76,3 +76,24 @@ class Sequence:
     @property
     def wants_prompt_logprobs(self) -> bool:
         return self.params.prompt_logprobs is not None and not self.output_token_ids
+
+
+@dataclass
+class ScheduledSequence:
+    seq: Sequence
+    num_tokens: int
+    # Speculative decoding: tokens drafted after the pending last token. The step then
+    # runs [last token, *draft] (num_tokens = 1 + len(draft)) and verifies every row.
+    draft: list[int] = field(default_factory=list)
+
+    @property
+    def reaches_end(self) -> bool:
+        """True when this chunk ends at the sequence's last token, so it samples."""
+        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+    def token_ids(self) -> list[int]:
+        """The tokens this step feeds the model."""
+        start = self.seq.num_computed_tokens
+        if self.draft:
+            return self.seq.token_ids[start:] + self.draft
+        return self.seq.token_ids[start : start + self.num_tokens]

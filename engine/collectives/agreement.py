@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from engine.distributed import parallel
+from engine.collectives import parallel
 from engine.errors import EngineError
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.core.scheduler import ScheduledSequence
 from engine.models.decoder import ForwardContext
+from engine.requests.sequence import ScheduledSequence
 
 
 @dataclass

@@ -18,17 +18,17 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.distributed import parallel
+from engine.collectives import parallel
 from engine.errors import CheckpointError, EngineError
 from engine.layers.moe import SparseMoE
 from engine.layers.packed_methods import is_packed_method
+from engine.layers.packed_plan import plan_packed_layers
 from engine.model_files.model_config import ModelConfig, load_config
 from engine.models import model_class
 from engine.weights.formats import weight_decoder
 from engine.weights.lazy import LazyTensor, materialize
 from engine.weights.meta_init import materialize_parameters, parameters_on_meta
 from engine.weights.names import CheckpointNames
-from engine.weights.packed_plan import plan_packed_layers
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def load_model(
     """Build the engine's model for a folder and fill its weights.
 
     `keep_packed`: layers whose checkpoint weights are FP8 block-scaled or INT4
-    keep that form (engine/weights/packed_plan.py); False dequantizes them all."""
+    keep that form (engine/layers/packed_plan.py); False dequantizes them all."""
     model_dir = Path(model_dir)
     cfg = load_config(model_dir)
     cls = model_class(cfg.architecture)
