@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests import import_graph
@@ -252,3 +253,25 @@ def test_the_engine_rules_see_imports():
     assert [
         n for n in named if not (engine / n).is_dir() and not (engine / f"{n}.py").is_file()
     ] == []
+
+
+def test_the_readme_lists_every_engine_package_in_an_order_the_imports_keep():
+    """README's Layout table names the packages bottom up: none imports one listed later."""
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("| `host/` |") : text.index("`agent/core/` the agent")]
+    order = [
+        name
+        for line in table.splitlines()
+        if line.startswith("| `")
+        for name in re.findall(r"`(\w+)/`", line.split("|")[1])
+    ]
+    packages = {p.name for p in (ROOT / "engine").iterdir() if (p / "__init__.py").is_file()}
+    assert sorted(order) == sorted(packages)
+    position = {name: i for i, name in enumerate(order)}
+    upward = [
+        f"{a} -> {b}"
+        for a, targets in _engine_package_imports().items()
+        for b in targets
+        if a in position and b in position and position[b] > position[a]
+    ]
+    assert upward == []

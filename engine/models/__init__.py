@@ -1,4 +1,9 @@
-"""Architecture name (config.json `architectures[0]`) -> the engine's own model class."""
+"""The engine's model classes, found by architecture name (config.json `architectures[0]`).
+
+decoder.py holds the pieces they share, base.py the causal-LM base, one module
+per family (llama.py, glm4.py, glm4_moe.py, deepseek_v3.py), loader.py builds a
+model and reads its weights, cpu_decode_step.py runs a whole decode step in C.
+"""
 
 from __future__ import annotations
 
