@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from engine.kv.dtypes import SERVING_KV_DTYPES
+
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
     "Explain what a hash map is to a new programmer.",
@@ -201,7 +203,7 @@ def run_throughput(
         "runs": {},
     }
     runs = result["runs"]
-    for kv in ("bf16", "fp8_e4m3"):
+    for kv in SERVING_KV_DTYPES:
         runs[f"engine_{kv}"] = _engine_run(
             model_dir, kv, prompts, max_tokens, long_prompt, repeats, attention_backend
         )

@@ -19,9 +19,10 @@ from engine.kernel_check.shapes import (
     last_of_each,
     split_points,
 )
+from engine.kv.pool_base import STORAGE_DTYPES
 
 BF16 = torch.bfloat16
-KV_STORAGE = {"bf16": torch.bfloat16, "fp8_e4m3": torch.uint8}  # FP8 pages are e4m3 bytes
+KV_STORAGE = STORAGE_DTYPES  # FP8 pages are e4m3 bytes (engine/kv/pool_base.py)
 
 
 def meta(*shape: int, dtype: torch.dtype = BF16) -> torch.Tensor:

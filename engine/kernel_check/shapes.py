@@ -16,8 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from engine.kv.dtypes import SERVING_KV_DTYPES
+
 TP_DEGREES = (1, 2, 4, 8)
-KV_DTYPES = ("bf16", "fp8_e4m3")
+KV_DTYPES = SERVING_KV_DTYPES
 # Every supported model is served in BF16 activations; FP8-block GLM and Kimi K2
 # checkpoints exist for all of them, INT4 (group 32) only where a preset says so.
 ACT_DTYPE = "bfloat16"

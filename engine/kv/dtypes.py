@@ -3,8 +3,8 @@
 
 EngineConfig derives the setting's choices from here, engine/kv/sizing.py what a
 token costs and engine/kv/pool_base.py each name's torch storage dtype. It is
-torch-free and sits outside engine/kv, whose package imports torch, so that the
-config and `resident serve --help` read it without loading torch.
+torch-free, as is the engine/kv package file, so that the config and
+`resident serve --help` read it without loading torch.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ FP8_KV_DTYPE = "fp8_e4m3"
 # Bytes per stored value, by the name `kv_cache_dtype` takes.
 KV_DTYPE_BYTES: dict[str, int] = {"bf16": 2, FP8_KV_DTYPE: 1, "float32": 4}
 KV_DTYPES: tuple[str, ...] = tuple(KV_DTYPE_BYTES)
+# What the planner, the kernel check and the throughput bench set side by side:
+# the serving dtypes (float32 is for reference runs on CPU).
+SERVING_KV_DTYPES: tuple[str, ...] = ("bf16", FP8_KV_DTYPE)
 
 # `kv_cache_dtype="auto"` keeps what the model computes in: its dtype's name (the
 # `dtype` setting, resolved) -> the cache's. A float32 model keeps a float32 cache.

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import EngineError, ModelError
+from engine.kv.dtypes import SERVING_KV_DTYPES
 from engine.kv.sizing import KVLayout, capacity_tokens, kv_bytes_per_token
 from engine.model_files.model_config import ModelConfig, load_config, parse_config
 from engine.model_files.store import DEFAULT_MODEL_NAME
@@ -46,7 +47,7 @@ GIB = 1024**3
 MIB = 1024**2
 # memory.total as nvidia-smi reports it (MiB): H100 SXM 80GB, H200 141GB, B200 180GB.
 GPU_MEMORY_MIB = {"h100": 81559, "h200": 143771, "b200": 183359}
-KV_DTYPES = ("bf16", "fp8_e4m3")
+KV_DTYPES = SERVING_KV_DTYPES
 DEFAULT_MEMORY_FRACTION = 0.9
 DEFAULT_ACTIVATION_RESERVE_GIB = 10.0
 DEFAULT_PAGE_SIZE = 16  # EngineConfig.page_size
