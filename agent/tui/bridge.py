@@ -220,7 +220,7 @@ class AgentBridge:
     def approval_mode(self) -> ApprovalMode:
         return self._runtime().agent.approval_mode
 
-    def set_approval(self, mode: str) -> ApprovalMode:
+    def set_approval(self, mode: ApprovalMode) -> ApprovalMode:
         return set_approval_mode(self._runtime().agent, mode)
 
     async def context_report(self) -> ContextReport:
