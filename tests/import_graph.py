@@ -149,3 +149,38 @@ def circles(edges: list[Import]) -> list[list[str]]:
                 if len(group) > 1:
                     groups.append(sorted(group))
     return sorted(groups)
+
+
+def layout_report(root: Path = ROOT) -> dict:
+    """The figures issue 27 asked for, for the tree at `root` (`python -m tests.import_graph`)."""
+    global ROOT
+    saved, ROOT = ROOT, root
+    try:
+        modules = project_modules()
+        edges = imports(modules)
+        raw = {m: _raw_imports(p) for m, p in modules.items()}
+    finally:
+        ROOT = saved
+    inside = [m for m, found in raw.items() for entry in found if entry[3]]
+    tools = root / "tools"
+    return {
+        "engine_root_modules": sorted(
+            p.stem for p in (root / "engine").glob("*.py") if p.stem not in ("__init__", "__main__")
+        ),
+        "tools_files_per_folder": {
+            str(d.relative_to(root)): len(list(d.glob("*.py")))
+            for d in sorted([tools, *tools.iterdir()])
+            if d.is_dir() and any(d.glob("*.py"))
+        },
+        "circles": circles(edges),
+        "imports_inside_functions": len(inside),
+        "imports_inside_functions_engine": sum(m.startswith("engine") for m in inside),
+        "of_project_modules": sum(e.in_function for e in edges),
+    }
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    print(json.dumps(layout_report(Path(sys.argv[1]).resolve() if sys.argv[1:] else ROOT)))
