@@ -10,28 +10,19 @@ dependency (Linux x86-64), and importing it costs a second.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from engine.attention import triton as triton_support
 from engine.attention.cpu_backend import CPUAttentionBackend
 from engine.attention.deterministic import DeterministicAttentionBackend
-from engine.attention.names import BACKEND_HELP, BACKEND_NAMES
+from engine.attention.names import BACKEND_NAMES
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.cpu_kernels import library
 from engine.errors import EngineError
 
 # `library` and `triton_support` are read through the module at each call, so a
 # test can make either unavailable.
-
-
-@dataclass(frozen=True)
-class Backend:
-    name: str
-    help: str
-    # (device is CUDA, or None when the caller did not say) -> a backend
-    make: Callable[[bool | None], object]
 
 
 def _torch(_on_cuda: bool | None):
@@ -84,6 +75,8 @@ def _cuda(on_cuda: bool | None) -> bool:
     return on_cuda if on_cuda is not None else torch.cuda.is_available()
 
 
+# Each declared name's factory: (model on CUDA, or None when the caller did not say)
+# -> a backend. In BACKEND_NAMES' order.
 _FACTORIES: dict[str, Callable[[bool | None], object]] = {
     "auto": _auto,
     "torch": _torch,
@@ -91,9 +84,7 @@ _FACTORIES: dict[str, Callable[[bool | None], object]] = {
     "triton": _triton,
 }
 assert set(_FACTORIES) == set(BACKEND_NAMES), "every declared backend name needs a factory"
-BACKENDS: dict[str, Backend] = {
-    name: Backend(name, BACKEND_HELP[name], _FACTORIES[name]) for name in BACKEND_NAMES
-}
+BACKENDS = {name: _FACTORIES[name] for name in BACKEND_NAMES}
 
 
 def get_backend(name: str, deterministic: bool = False, device: torch.device | str | None = None):
@@ -114,4 +105,4 @@ def get_backend(name: str, deterministic: bool = False, device: torch.device | s
     if deterministic:
         return DeterministicAttentionBackend()
     on_cuda = torch.device(device).type == "cuda" if device is not None else None
-    return BACKENDS[name].make(on_cuda)
+    return BACKENDS[name](on_cuda)

@@ -9,8 +9,8 @@ its default differs from the library's (SERVE_DEFAULTS) and which flags are not
 options are built from ServeOptions (engine/cli/serve.py), and
 engine/server/launch.py checks them and turns them into the EngineConfig.
 
-Torch-free, and outside engine/server (whose package imports the app, hence
-torch), so that `resident serve --help` does not load the engine.
+Torch-free (as is the engine/server package file), so that `resident serve
+--help` does not load the engine.
 """
 
 from __future__ import annotations
