@@ -25,19 +25,19 @@ class Import:
     type_checking: bool  # under `if TYPE_CHECKING:`: never runs
 
 
-def module_of(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_of(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def sources(package: str) -> list[Path]:
-    return sorted(p for p in (ROOT / package).rglob("*.py") if "__pycache__" not in p.parts)
+def sources(package: str, root: Path = ROOT) -> list[Path]:
+    return sorted(p for p in (root / package).rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def project_modules() -> dict[str, Path]:
-    return {module_of(p): p for pkg in PACKAGES for p in sources(pkg)}
+def project_modules(root: Path = ROOT) -> dict[str, Path]:
+    return {module_of(p, root): p for pkg in PACKAGES for p in sources(pkg, root)}
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -46,9 +46,9 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _raw_imports(path: Path):
+def raw_imports(path: Path, root: Path = ROOT):
     """(module, names, line, in_function, type_checking) for each import, relative ones resolved."""
-    here = module_of(path)
+    here = module_of(path, root)
     found = []
 
     def visit(node, in_function, type_checking):
@@ -76,11 +76,11 @@ def _raw_imports(path: Path):
     return found
 
 
-def imports(modules: dict[str, Path] | None = None) -> list[Import]:
-    modules = modules if modules is not None else project_modules()
+def imports(root: Path = ROOT) -> list[Import]:
+    modules = project_modules(root)
     edges = []
     for here, path in modules.items():
-        for module, names, line, in_fn, tc in _raw_imports(path):
+        for module, names, line, in_fn, tc in raw_imports(path, root):
             targets = [f"{module}.{n}" for n in names if f"{module}.{n}" in modules]
             if len(targets) < len(names) or not names:
                 # some names are attributes of `module` itself
@@ -153,15 +153,13 @@ def circles(edges: list[Import]) -> list[list[str]]:
 
 def layout_report(root: Path = ROOT) -> dict:
     """The figures issue 27 asked for, for the tree at `root` (`python -m tests.import_graph`)."""
-    global ROOT
-    saved, ROOT = ROOT, root
-    try:
-        modules = project_modules()
-        edges = imports(modules)
-        raw = {m: _raw_imports(p) for m, p in modules.items()}
-    finally:
-        ROOT = saved
-    inside = [m for m, found in raw.items() for entry in found if entry[3]]
+    edges = imports(root)
+    inside = [
+        module
+        for module, path in project_modules(root).items()
+        for *_, in_function, _ in raw_imports(path, root)
+        if in_function
+    ]
     tools = root / "tools"
     return {
         "engine_root_modules": sorted(

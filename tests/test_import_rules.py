@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
@@ -34,31 +33,9 @@ SHARED_BY_FRONT_ENDS = (
 )
 
 
-def _module_of(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def _imports(path: Path) -> list[tuple[str, list[str]]]:
     """(module, imported names) for every import in the file, relative ones resolved."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found += [(alias.name, []) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            module = node.module or ""
-            if node.level:
-                base = _module_of(path).split(".")
-                base = base[: len(base) - node.level + (path.name == "__init__.py")]
-                module = ".".join([*base, module] if module else base)
-            found.append((module, [alias.name for alias in node.names]))
-    return found
-
-
-def _sources(package: str) -> list[Path]:
-    return sorted((ROOT / package).rglob("*.py"))
+    return [(module, names) for module, names, *_ in import_graph.raw_imports(path)]
 
 
 def _within(module: str, *prefixes: str) -> bool:
@@ -67,8 +44,8 @@ def _within(module: str, *prefixes: str) -> bool:
 
 def _offenders(package: str, forbidden, exempt=()) -> list[str]:
     offenders = []
-    for path in _sources(package):
-        here = _module_of(path)
+    for path in import_graph.sources(package):
+        here = import_graph.module_of(path)
         if _within(here, *exempt):
             continue
         for module, _ in _imports(path):
@@ -109,8 +86,8 @@ def test_front_ends_import_no_other_front_end():
 def test_no_private_names_cross_a_package():
     offenders = []
     for package in ("engine", "tools", "agent"):
-        for path in _sources(package):
-            here = _module_of(path)
+        for path in import_graph.sources(package):
+            here = import_graph.module_of(path)
             top = ".".join(here.split(".")[:2])
             for module, names in _imports(path):
                 if _within(module, top) or not _within(module, "engine", "tools", "agent"):
@@ -121,7 +98,7 @@ def test_no_private_names_cross_a_package():
 
 def test_the_rules_see_imports():
     """The checks above would pass on an empty tree; make sure they read real imports."""
-    modules = {m for path in _sources("agent/core") for m, _ in _imports(path)}
+    modules = {m for path in import_graph.sources("agent/core") for m, _ in _imports(path)}
     assert "agent.core.clients" in modules and "tools" in modules
 
 
@@ -184,7 +161,7 @@ ENGINE_RULES = {
         "server",
         "llm",
         "async_engine",
-    },  # fmt: skip
+    },
     # kv knows pages, dtypes and scales, not models
     "kv": {
         "models",
@@ -199,7 +176,7 @@ ENGINE_RULES = {
         "async_engine",
         "weights",
         "model_files",
-    },  # fmt: skip
+    },
     # the layers know their kernels, not the models built from them
     "layers": {"models", "execution", "core", "requests", "server", "llm", "async_engine"},
     "weights": {"layers", "models", "execution", "core", "server", "llm"},
@@ -220,7 +197,7 @@ ENGINE_RULES = {
         "gpu_kernels",
         "sampling",
         "speculative",
-    },  # fmt: skip
+    },
     # chat text (templates, tool calls, reasoning) knows no tensors
     "chat": {"grammar", "core", "execution", "models", "layers", "kv", "server"},
     "rendering": {"core", "execution", "models", "layers", "kv", "server"},
