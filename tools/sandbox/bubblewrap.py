@@ -120,7 +120,7 @@ class Sandbox:
         workspace = Path(os.path.realpath(workspace))
         toolchains = [
             *toolchain_dirs(env.get("PATH", ""), home, workspace),
-            *venv_base_prefixes(workspace),
+            *venv_base_prefixes(workspace, home),
             *interpreter_prefixes(),
             *model_cache(env),
         ]

@@ -172,8 +172,14 @@ def toolchain_dirs(path_variable: str, home: Path | None, workspace: Path) -> li
     return _outermost(found)
 
 
-def venv_base_prefixes(workspace: Path) -> list[Path]:
-    """The interpreters that virtual environments in the workspace were made from."""
+def venv_base_prefixes(workspace: Path, home: Path | None = None) -> list[Path]:
+    """The interpreters that virtual environments in the workspace were made from.
+
+    pyvenv.cfg is the repository's own file, so its `home =` is untrusted: it
+    counts only when it names a real Python installation (a standard library
+    beside it) that is neither /, the user's home or a folder above it, nor in
+    or under a folder that holds credentials. Otherwise `home = /root` would
+    show the whole home to every sandboxed command."""
     prefixes = []
     for name in (".venv", "venv", "env", ".env"):
         config = workspace / name / "pyvenv.cfg"
@@ -188,9 +194,30 @@ def venv_base_prefixes(workspace: Path) -> list[Path]:
             if key.strip() == "home" and os.path.isabs(value.strip()):
                 bin_dir = Path(os.path.realpath(value.strip()))
                 prefix = bin_dir.parent if bin_dir.name == "bin" else bin_dir
-                if not _is_system(prefix) and prefix != Path("/"):
+                if not _is_system(prefix) and is_python_install(prefix, home):
                     prefixes.append(prefix)
     return prefixes
+
+
+def may_show_folder(folder: Path, home: Path | None) -> bool:
+    """A folder a sandbox may show whole on a file's say-so (a venv's `home =`, an
+    interpreter's install): not /, not the home or above it, not a folder that
+    usually holds credentials nor anything inside a secret folder."""
+    if folder == Path("/") or folder.name in CREDENTIAL_PARENTS:
+        return False
+    if any(part in SECRET_DIR_NAMES for part in folder.parts):
+        return False
+    return home is None or not (folder == home or folder in home.parents)
+
+
+def is_python_install(prefix: Path, home: Path | None) -> bool:
+    """A Python installation (lib/pythonX.Y/os.py) that may be shown whole."""
+    if not may_show_folder(prefix, home):
+        return False
+    try:
+        return any((lib / "os.py").is_file() for lib in (prefix / "lib").glob("p*[0-9]*"))
+    except OSError:
+        return False
 
 
 def _outermost(paths) -> list[Path]:
