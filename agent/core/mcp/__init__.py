@@ -5,6 +5,7 @@ On the official `mcp` SDK. One file per responsibility:
     config.py      the user's and the repository's mcp.json, checked, merged, trusted or not
     names.py       mcp__SERVER__TOOL names, cleaned and capped
     launch.py      how a server is reached: stdio in the sandbox, or streamable HTTP
+    program_paths.py  what a stdio server's program needs readable in the sandbox
     status.py      a server's state and tools as plain data (no SDK import)
     connection.py  one server's life (a task owning its SDK session) and its calls
     manager.py     all of a session's servers, on their own thread: start, call, stop

@@ -6,8 +6,16 @@ with the environment's allow-list (tools/process/environment.py) plus the entry'
 own `env`. The sandbox gives it the workspace read-only, no network, an
 empty scratch HOME and /tmp, and the workspace's secret files masked;
 the entry's `network`, `write` and `read` grants add to that (for entries
-the user trusts, see config.py). Without a sandbox, a server from the
-user's own file starts unconfined, as the user would start it, while a
+the user trusts, see config.py). The program the entry names is made readable
+too, with what it needs to run (program_paths.py): the executable, its `#!`
+interpreter, the virtual environment it was installed in and that venv's base
+Python, so a server installed outside the workspace starts without a `read`
+grant. That is safe because it is only the program the entry names and the
+venvs and Python installs it runs from, checked on disk: never a folder the
+program merely sits in, the home or above it, or a folder of credentials, and
+a secret-looking or non-executable program is refused. A repository's
+untrusted entry gets the same rule and no more. Without a sandbox, a server
+from the user's own file starts unconfined, as the user would start it, while a
 repository's untrusted server does not start at all: that is the same
 fail-closed stance the shell takes (no sandbox, nothing runs unasked).
 
@@ -29,8 +37,16 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from agent.core.mcp.config import ServerConfig, user_config_file
+from agent.core.mcp.program_paths import ProgramPaths, ProgramRefused, program_paths
 from tools.process.environment import command_environment
-from tools.sandbox.bubblewrap import Sandbox, SandboxError, SandboxGrant, SandboxSettings
+from tools.sandbox.bubblewrap import (
+    Sandbox,
+    SandboxError,
+    SandboxGrant,
+    SandboxSettings,
+    interpreter_prefixes,
+)
+from tools.sandbox.mounts import toolchain_dirs
 
 HTTP_TIMEOUT_S = 30.0
 HTTP_READ_TIMEOUT_S = 300.0  # a server may hold an event stream open that long
@@ -76,19 +92,52 @@ def stdio_parameters(
     env = command_environment(
         base, home=home, tmpdir="/tmp", extra_names=settings.env_names, extra=config.env
     )
+    program = _program_in_sandbox(config, workspace, settings, base, env)
     try:
         wrapped = sandbox.wrap(
-            argv,
+            [program.command, *config.args],
             workspace=workspace,
             cwd=workspace,
             grant=SandboxGrant(write=config.write, network=config.network),
             env=base,
             settings=settings,
-            extra_read_only=config.read,
+            extra_read_only=(*config.read, *program.read_only),
         )
     except SandboxError as err:
         raise LaunchRefused(f"not started: {err}") from err
     return StdioServerParameters(command=wrapped[0], args=wrapped[1:], env=env, cwd=workspace)
+
+
+def _program_in_sandbox(
+    config: ServerConfig,
+    workspace: Path,
+    settings: SandboxSettings,
+    base: dict[str, str],
+    env: dict[str, str],
+) -> ProgramPaths:
+    """The server's program and what it needs, found on the PATH the server gets; what the
+    sandbox shows anyway (the grants, the toolchains on the agent's PATH) is not mounted
+    twice. Raises LaunchRefused."""
+    raw_home = base.get("HOME") or os.path.expanduser("~")
+    home = Path(os.path.realpath(raw_home)) if os.path.isabs(raw_home) else None
+    home = None if home == Path("/") else home  # as the sandbox takes it: no home to hide
+    real_workspace = Path(os.path.realpath(workspace))
+    shown = (
+        *config.read,
+        *settings.read_only_paths,
+        *toolchain_dirs(base.get("PATH", ""), home, real_workspace),
+        *interpreter_prefixes(),
+    )
+    try:
+        return program_paths(
+            config.command or "",
+            search_path=env.get("PATH", ""),
+            workspace=real_workspace,
+            home=home,
+            visible=shown,
+        )
+    except ProgramRefused as err:
+        raise LaunchRefused(f"not started: {err}") from err
 
 
 class _EndWatch:
