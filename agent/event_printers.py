@@ -21,15 +21,22 @@ from agent.core.events import (
     ContextSnapshot,
     ErrorEvent,
     Event,
+    HookRun,
     McpServer,
+    PlanProposed,
     ReasoningDelta,
     SessionStarted,
+    SubagentCompleted,
+    SubagentEvent,
+    SubagentStarted,
     TextDelta,
+    TodoUpdated,
     ToolCallEvent,
     ToolResultEvent,
     TurnCompleted,
     Usage,
 )
+from agent.core.todo import TODO_MARKS, TODO_TOOL, progress
 
 MAX_ARGUMENT_CHARS = 160
 MAX_RESULT_LINES = 3
@@ -67,6 +74,7 @@ class ProgressPrinter:
         self.out = out
         self.show_reasoning = show_reasoning
         self._mid_line = False
+        self._todo_calls: set[str] = set()  # todo_write calls whose result the list shows
 
     def _line(self, text: str) -> None:
         if self._mid_line:
@@ -80,7 +88,27 @@ class ProgressPrinter:
         self.out.flush()
         self._mid_line = not text.endswith("\n")
 
+    def _todo(self, event: Event) -> bool:
+        """The todo list, printed whole when it changes; its calls stay one short line.
+        True when the event was handled here."""
+        if isinstance(event, ToolCallEvent) and event.name == TODO_TOOL:
+            self._todo_calls.add(event.id)
+            self._line(f"→ {TODO_TOOL}")
+            return True
+        if isinstance(event, ToolResultEvent) and event.id in self._todo_calls:
+            self._todo_calls.discard(event.id)
+            return event.ok  # an error is printed like any tool's
+        if isinstance(event, TodoUpdated):
+            items = event.items
+            heading = f"[todo {progress(items)}]" if items else "[todo cleared]"
+            lines = [f"  {TODO_MARKS[item.status]} {item.content}" for item in items]
+            self._line("\n".join([heading, *lines]))
+            return True
+        return False
+
     def __call__(self, event: Event) -> None:
+        if self._todo(event):
+            return
         if isinstance(event, SessionStarted):
             verb = "resumed" if event.resumed else "started"
             self._line(
@@ -127,6 +155,8 @@ class ProgressPrinter:
             )
         elif isinstance(event, ErrorEvent):
             self._line(f"error: {event.message}")
+        elif isinstance(event, HookRun):
+            self._hook(event)
         elif isinstance(event, McpServer) and event.state == "failed":
             self._line(f"[mcp server {event.server} failed: {event.reason}]")
         elif isinstance(event, McpServer) and event.state == "ready":
@@ -134,3 +164,40 @@ class ProgressPrinter:
             self._line(f"[mcp server {event.server}: {len(event.tools)} tools{skipped}]")
         elif isinstance(event, TurnCompleted) and self._mid_line:
             self._line("")
+        elif isinstance(event, SubagentStarted | SubagentEvent | SubagentCompleted):
+            self._subagent(event)
+        elif isinstance(event, PlanProposed):
+            self._line("[plan proposed (plan mode): nothing was changed]")
+
+    def _subagent(self, event: SubagentStarted | SubagentEvent | SubagentCompleted) -> None:
+        """A child's work, indented under its `task` call: its tool calls and results and
+        its errors; not its streamed text (children run side by side and would interleave
+        mid-line), whose gist is the final report, printed when it completes."""
+        if isinstance(event, SubagentStarted):
+            self._line(f"  ┌ subagent: {event.description} ({event.approval})")
+        elif isinstance(event, SubagentCompleted):
+            first = event.final_message.strip().splitlines()[:1] or [""]
+            turns = f"{event.turns} turn" + ("" if event.turns == 1 else "s")
+            self._line(f"  └ subagent {event.reason} ({turns}): {_short(first[0], 160)}")
+        else:
+            inner = event.event
+            kind = inner.get("type")
+            if kind == "tool_call":
+                self._line(f"  │ → {inner['name']}({_arguments(inner['arguments'])})")
+            elif kind == "tool_result":
+                lines = str(inner.get("output", "")).strip().splitlines() or [""]
+                self._line(f"  │   {'✓' if inner.get('ok') else '✗'} {_short(lines[0], 160)}")
+            elif kind == "approval_requested":
+                self._line(f"  │   ? needs approval: {inner['request']} ({inner['reason']})")
+            elif kind == "error":
+                self._line(f"  │ error: {inner['message']}")
+
+    def _hook(self, event: HookRun) -> None:
+        """A hook that blocked or added context; one that failed is also an `error` event,
+        printed as such, and a quiet success prints nothing."""
+        where = f"{event.hook_event} {event.tool}".strip()
+        first = event.message.strip().splitlines()[0] if event.message.strip() else ""
+        if event.outcome == "blocked":
+            self._line(f"[hook {event.name} ({where}) blocked: {_short(first, 200)}]")
+        elif event.outcome == "allowed" and event.message:
+            self._line(f"[hook {event.name} ({where}) added context: {_short(first, 120)}]")

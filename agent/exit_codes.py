@@ -22,6 +22,7 @@ _BY_REASON = {
     "max_turns": EXIT_FAILED,
     "failed": EXIT_FAILED,
     "approval": EXIT_APPROVAL,
+    "blocked": EXIT_FAILED,  # a user_prompt hook refused the task
     "interrupted": EXIT_INTERRUPTED,
 }
 # Client error kinds (agent/core/clients/base.py) that are not plain failures.

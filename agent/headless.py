@@ -4,7 +4,9 @@ Exit codes (DESIGN.md §2): 0 done, 1 failed, 2 usage error, 3 needed an
 approval nobody could give, 75 transient (engine unreachable or overloaded),
 130 interrupted. Ctrl-C once stops the task cleanly (generation aborted, a
 running command killed, the history kept consistent); twice stops at once.
-The task `/compact` compacts the resumed session's conversation instead.
+The task `/compact` compacts the resumed session's conversation instead; a
+task `/NAME args` naming a custom command (agent/core/custom_commands.py)
+runs its expansion.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import os
 import signal
 import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TextIO
 
 from agent.core.clients import ClientError, LLMClient
+from agent.core.custom_commands import CustomCommands, Invocation
 from agent.core.events import ErrorEvent, EventEmitter, SessionCompleted
 from agent.core.loop import TaskOutcome
 from agent.core.runtime import Runtime, RuntimeOptions, UnknownToolError, open_runtime
@@ -28,6 +32,11 @@ from tools.sandbox.bubblewrap import SandboxUnavailable
 
 # What a headless run can do about a call that needed a person's approval.
 APPROVAL_ADVICE = " Run again with --approval auto-edit or full-auto, or in the TUI to approve it."
+# How to carry out a plan that `--approval plan` proposed: its session, another mode.
+PLAN_ADVICE = (
+    "To carry out the plan: resident run --resume {session} --approval auto-edit "
+    '"Carry out the plan." (or full-auto, or ask in the TUI: resident --resume {session})\n'
+)
 
 COMPACT_COMMAND = "/compact"
 
@@ -60,13 +69,26 @@ def _fail_before_start(
     return code
 
 
-async def _run_task(runtime: Runtime, task: str) -> TaskOutcome:
+async def _run_task(runtime: Runtime, task: str, custom: Invocation | None) -> TaskOutcome:
     if task.strip() == COMPACT_COMMAND:
         done = await runtime.agent.compact()
         if done:
             return TaskOutcome("Compacted the conversation.", "done")
         return TaskOutcome("Nothing was compacted.", "failed")
+    if custom is not None:
+        return await runtime.agent.run_task(custom.prompt, custom.typed)
     return await runtime.agent.run_task(task)
+
+
+def _custom_command(options: HeadlessOptions, err: TextIO) -> Invocation | None:
+    """The task as a custom command, if it is one; what is wrong with the command
+    files goes to stderr as warnings."""
+    commands = CustomCommands(Path(options.runtime.workspace))
+    discovery = commands.discover()
+    for problem in discovery.problems:
+        err.write(f"warning: {problem}\n")
+    err.flush()
+    return commands.invocation(options.task, discovery)
 
 
 def _install_interrupt(runtime: Runtime, main: asyncio.Task) -> None:
@@ -94,8 +116,11 @@ async def run_headless_async(
     out = out or sys.stdout
     err = err or sys.stderr
     printer = JsonLinesPrinter(out) if options.json else ProgressPrinter(err)
+    custom = _custom_command(options, err)
+    # The expansion, not `/NAME`, is what the snapshot's ranking and the title go by.
+    task = custom.prompt if custom is not None else options.task
     try:
-        runtime = await open_runtime(options.runtime, [printer], None, client, options.task)
+        runtime = await open_runtime(options.runtime, [printer], None, client, task)
     except ClientError as problem:
         return _fail_before_start(
             str(problem), problem.kind, error_exit_code(problem.kind), out, err, options.json
@@ -110,7 +135,7 @@ async def run_headless_async(
     if main is not None:
         _install_interrupt(runtime, main)
     try:
-        outcome = await _run_task(runtime, options.task)
+        outcome = await _run_task(runtime, options.task, custom)
     except asyncio.CancelledError:
         outcome = TaskOutcome("Interrupted.", "interrupted")
     finally:
@@ -119,6 +144,9 @@ async def run_headless_async(
     if outcome.reason == "approval":
         outcome = replace(outcome, final_message=outcome.final_message + APPROVAL_ADVICE)
     code = exit_code(outcome)
+    if outcome.plan and not options.json:
+        err.write(PLAN_ADVICE.format(session=runtime.session.id))
+        err.flush()
     runtime.emitter.emit(SessionCompleted(final_message=outcome.final_message, exit_code=code))
     await runtime.close()
     if not options.json and not (code == EXIT_DONE and _same_terminal(out, err)):

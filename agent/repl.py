@@ -19,24 +19,39 @@ import concurrent.futures
 import contextlib
 import queue
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from agent.agent_thread import AgentThread
 from agent.core.clients import ClientError, LLMClient
-from agent.core.commands import SessionApprovals, mcp_report, reopen_runtime, undo_summary
+from agent.core.commands import (
+    SessionApprovals,
+    mcp_report,
+    reopen_runtime,
+    set_approval_mode,
+    undo_summary,
+)
+from agent.core.custom_commands import CustomCommand, CustomCommands
 from agent.core.events import Event, SessionCompleted, Usage
 from agent.core.loop import TaskOutcome
+from agent.core.plan_mode import PLAN_CHOICES, PlanChoice, proceed
 from agent.core.runtime import Runtime, RuntimeOptions, UnknownToolError, open_runtime
 from agent.core.session import SessionNotFound
 from agent.core.tool_runner import ApprovalAnswer, ApprovalRequest
 from agent.event_printers import ProgressPrinter
 from agent.exit_codes import EXIT_INTERRUPTED, EXIT_USAGE, error_exit_code
+from tools import ApprovalMode
 
 T = TypeVar("T")
 PROMPT = "> "
 APPROVAL_PROMPT = "  allow? [y]es once, [a]llow for this session, [n]o: "
 REASON_PROMPT = "  reason for the model (optional): "
+PLAN_PROMPT = (
+    "  carry out this plan? "
+    + ", ".join(f"[{n}] {c.label.lower()}" for n, c in enumerate(PLAN_CHOICES, start=1))
+    + " (Enter keeps planning): "
+)
 BANNER = (
     "Type a task and press Enter. /help lists commands; Ctrl-C interrupts; Ctrl-D or /quit leaves."
 )
@@ -46,12 +61,25 @@ Each line is a message to the agent, in one continuing session.
   /compact   summarize the conversation so far (keeps the repository resident)
   /undo      put files and conversation back as they were before the last change
   /clear     start a new session
+  /plan      plan mode: the agent explores read-only and proposes a plan to approve;
+             `/plan TASK` plans TASK right away
   /mcp       MCP servers: their state and tools
   /quit      leave (also Ctrl-D, or Ctrl-C twice at the prompt)
 Ctrl-C while the agent works stops generation and any running command; a
 second Ctrl-C stops at once. Approvals: y allows the call once, a allows the
 same request for the rest of the session, n denies it (add a reason for the
 model after the n, or on the next line)."""
+CUSTOM_HELP = "Custom commands (.resident/commands/ in the repository, commands/ in your config):"
+
+
+def custom_help(commands: Sequence[CustomCommand]) -> list[str]:
+    """/help's lines for the custom commands; none when there are none."""
+    if not commands:
+        return []
+    names = [c.slash_name + (f" {c.argument_hint}" if c.argument_hint else "") for c in commands]
+    width = max(len(n) for n in names)
+    rows = zip(names, commands, strict=True)
+    return [CUSTOM_HELP] + [f"  {name.ljust(width)}  {c.description}" for name, c in rows]
 
 
 class ReplPrinter(ProgressPrinter):
@@ -89,6 +117,7 @@ class Repl:
         )
         self.allowed = SessionApprovals()
         self.last_message = ""
+        self.commands = CustomCommands(Path(options.workspace))
 
     # -- terminal ------------------------------------------------------------------
 
@@ -123,6 +152,7 @@ class Repl:
             except KeyboardInterrupt:
                 return EXIT_INTERRUPTED
             self.say(BANNER)
+            self._tell(self.commands.new_problems())
             try:
                 return self._prompt_loop()
             finally:
@@ -175,7 +205,9 @@ class Repl:
         if name in ("/quit", "/exit"):
             return False
         if name == "/help":
-            self.say(HELP)
+            discovery = self.commands.discover()
+            self._tell(self.commands.new_problems(discovery))
+            self.say("\n".join([HELP, *custom_help(discovery.commands)]))
         elif name == "/compact":
             done = self._work(self._agent().compact())
             self.say("[compacted]" if done else "[nothing was compacted]")
@@ -188,13 +220,33 @@ class Repl:
                     self.say(f"  {detail}")
         elif name == "/clear":
             self._new_session()
+        elif name == "/plan":
+            set_approval_mode(self._agent(), ApprovalMode.PLAN)
+            self.say("[plan mode: read-only exploration, then a plan for you to approve]")
+            task = line.split(maxsplit=1)[1:]
+            if task:
+                self._task(task[0].strip())
         elif name == "/mcp":
             assert self.runtime is not None
             for text in mcp_report(self.runtime):
                 self.say(text)
         else:
-            self.say(f"unknown command {name}; /help lists them")
+            self._custom(line, name)
         return True
+
+    def _tell(self, problems: list[str]) -> None:
+        for problem in problems:
+            self.say(f"warning: {problem}")
+
+    def _custom(self, line: str, name: str) -> None:
+        """A custom command: its expansion runs as the task, the typed line is shown."""
+        discovery = self.commands.discover()
+        self._tell(self.commands.new_problems(discovery))
+        invocation = self.commands.invocation(line, discovery)
+        if invocation is None:
+            self.say(f"unknown command {name}; /help lists them")
+            return
+        self._task(invocation.prompt, shown=invocation.typed)
 
     def _agent(self):
         assert self.runtime is not None
@@ -215,13 +267,40 @@ class Repl:
 
     # -- one task --------------------------------------------------------------------
 
-    def _task(self, text: str) -> None:
-        outcome: TaskOutcome | None = self._work(self._agent().run_task(text))
+    def _task(self, text: str, shown: str | None = None) -> None:
+        outcome: TaskOutcome | None = self._work(self._agent().run_task(text, shown))
         if outcome is None:
             return
         self.last_message = outcome.final_message
         if outcome.reason == "interrupted":
             self.say("[interrupted]")
+        elif outcome.plan:
+            self._after_plan()
+
+    def _after_plan(self) -> None:
+        """Plan mode proposed a plan: carry it out in the mode chosen, or keep planning."""
+        choice = self._choose_plan()
+        if not choice.proceeds:
+            self.say("[still in plan mode: type what to change in the plan]")
+            return
+        follow_up = proceed(self._agent(), choice.mode)
+        self.say(f"[approval mode is now {choice.mode.value}; carrying out the plan]")
+        self._task(follow_up)
+
+    def _choose_plan(self) -> PlanChoice:
+        keep_planning = PLAN_CHOICES[-1]
+        while True:
+            try:
+                reply = self._read(PLAN_PROMPT)
+            except KeyboardInterrupt:
+                return keep_planning
+            if reply is None or not reply.strip():
+                return keep_planning
+            word = reply.strip().lower()
+            for number, choice in enumerate(PLAN_CHOICES, start=1):
+                if word in (str(number), choice.mode.value):
+                    return choice
+            self.say(f"  answer 1-{len(PLAN_CHOICES)}, or Enter to keep planning")
 
     def _work(self, coro: Coroutine[Any, Any, T], interruptible: bool = True) -> T | None:
         """Run agent work, answering its approval questions, until it ends.

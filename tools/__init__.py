@@ -1,4 +1,4 @@
-"""What the agent may do: files, shell, git, and the permissions that govern them.
+"""What the agent may do: files, shell, git, the web, and the permissions that govern them.
 
 Typical use by the agent loop:
 
@@ -42,6 +42,7 @@ from tools.files.write import WriteTool
 from tools.git.tool import GitCommitTool, GitDiffTool, GitLogTool, GitStatusTool
 from tools.permissions.policy import ApprovalMode, Decision, PermissionPolicy, Rule, Verdict
 from tools.shell.tool import ShellTool
+from tools.web.tool import WebFetchTool
 
 
 def default_tools() -> list[Tool]:
@@ -57,6 +58,7 @@ def default_tools() -> list[Tool]:
         GitDiffTool(),
         GitLogTool(),
         GitCommitTool(),
+        WebFetchTool(),
     ]
 
 

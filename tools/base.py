@@ -80,6 +80,9 @@ class ToolAccess:
     # It is carried out by a program outside the agent (an MCP server's tool): nothing
     # about the call says what it touches, so only the mode or a rule naming it allows it.
     external: bool = False
+    # The http(s) URL a web fetch would get: the policy judges it by its host
+    # (`--network`, allow and deny rules `web_fetch:DOMAIN`), not by the mode.
+    url: str | None = None
 
 
 class Tool(ABC):
@@ -102,6 +105,23 @@ class Tool(ABC):
         """Run with what the permission policy granted this call. Only tools that run
         commands in the sandbox use the grant; the rest ignore it."""
         return self.run(args, ctx)
+
+    # Calls of this tool that only read may run at the same time as their neighbours
+    # in one answer (the `task` tool's children share one engine batch).
+    concurrent: ClassVar[bool] = False
+
+    async def run_call(self, call: ToolCall, ctx: ToolContext, grant: SandboxGrant) -> ToolResult:
+        """Run from the agent's event loop: by default `run_granted` in a worker thread,
+        so a slow tool never blocks the loop. A tool whose work is itself asynchronous
+        (a child agent, which talks to the model on the same loop) overrides this."""
+        return await asyncio.to_thread(self.run_granted, call.args, ctx, grant)
+
+    def for_child(self) -> Tool | None:
+        """The tool as a child agent (the `task` tool's subagent) gets it: by default
+        this very tool; a tool may hand out a version of its own (one that keeps its
+        state apart) or None to keep it from children. The child is still offered the
+        same schemas, so its prompt shares the parent's cached prefix."""
+        return self
 
     def access(self, args: Any) -> ToolAccess:
         """What this call touches. Tools that take paths or commands override it."""
@@ -206,9 +226,14 @@ class Registry:
     async def run_async(
         self, call: ToolCall, ctx: ToolContext, grant: SandboxGrant = READ_ONLY
     ) -> ToolResult:
-        """`run` in a worker thread, for an asyncio agent loop. To interrupt a
-        shell command, set `ctx.cancel_event`; cancelling the task alone does not."""
-        return await asyncio.to_thread(self.run, call, ctx, grant)
+        """Run a validated call from an asyncio agent loop (most tools in a worker
+        thread: Tool.run_async). To interrupt a shell command, set `ctx.cancel_event`;
+        cancelling the task alone does not. An unexpected exception becomes an error."""
+        try:
+            return await call.tool.run_call(call, ctx, grant)
+        except Exception as exc:  # a tool bug must not take the agent loop down
+            log.exception("tool %s failed", call.name)
+            return ToolResult.error(f"{call.name} failed: {type(exc).__name__}: {exc}")
 
     def call(
         self,

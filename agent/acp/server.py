@@ -149,6 +149,7 @@ class ResidentAgent:
         except UnknownToolError as err:
             raise RequestError(-32603, str(err)) from None
         self.sessions[session.id] = session
+        session.offer_commands_after_reply()  # available_commands_update, after the reply
         return session
 
     def _modes(self, session: AcpSession) -> SessionModeState:

@@ -20,9 +20,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from acp import RequestError
+from acp import RequestError, update_agent_message_text
 from acp.interfaces import Client
 from acp.schema import (
+    AvailableCommand,
     PermissionOption,
     PromptResponse,
     RequestPermissionResponse,
@@ -30,6 +31,7 @@ from acp.schema import (
     ToolCallUpdate,
 )
 
+from agent.acp.commands import acp_builtin, available_commands, commands_update, run_builtin
 from agent.acp.engines import Engines
 from agent.acp.files import ClientFiles
 from agent.acp.permissions import CANCELLED, PermissionBridge
@@ -37,7 +39,8 @@ from agent.acp.prompt import prompt_text
 from agent.acp.tool_calls import preview_content
 from agent.acp.updates import SessionUpdate, UpdateTranslator, replay_updates
 from agent.core.approval_preview import preview
-from agent.core.commands import approval_mode, set_approval_mode
+from agent.core.commands import SlashCommand, approval_mode, set_approval_mode
+from agent.core.custom_commands import CustomCommands, Discovery
 from agent.core.events import Event, SessionCompleted
 from agent.core.loop import TaskOutcome
 from agent.core.runtime import Runtime, RuntimeOptions, open_runtime
@@ -63,6 +66,8 @@ class AcpSession:
         self._cancelled = asyncio.Event()
         self._updates: asyncio.Queue[SessionUpdate] = asyncio.Queue()
         self._pump: asyncio.Task[None] | None = None
+        self.commands = CustomCommands(workspace)
+        self._offered: list[AvailableCommand] | None = None  # the list the client has
 
     @classmethod
     async def open(
@@ -112,6 +117,29 @@ class AcpSession:
                 log.debug("could not send a session update: %s", err)
             finally:
                 self._updates.task_done()
+
+    # -- commands ------------------------------------------------------------------
+
+    def _discover(self) -> Discovery:
+        """The custom commands as they are now; what is wrong with their files is
+        logged, once per session."""
+        discovery = self.commands.discover()
+        for problem in self.commands.new_problems(discovery):
+            log.warning("custom command: %s", problem)
+        return discovery
+
+    def _offer_commands(self, always: bool = False) -> None:
+        """Send the commands the editor offers, when they changed (or `always`)."""
+        commands = available_commands(self._discover().commands)
+        if always or commands != self._offered:
+            self._offered = commands
+            self._updates.put_nowait(commands_update(commands))
+
+    def offer_commands_after_reply(self) -> None:
+        """Send the command list once the session/new or session/load reply is out: the
+        client knows the session only from that reply. The SDK queues the reply, without
+        yielding, as soon as the handler returns, so a callback scheduled now runs after."""
+        asyncio.get_running_loop().call_soon(self._offer_commands, True)
 
     async def flush(self) -> None:
         """Wait until every update so far has been sent."""
@@ -185,25 +213,49 @@ class AcpSession:
                 {"details": "this session is already working on a prompt; cancel it first"}
             )
         text = prompt_text(blocks, self.workspace)
+        builtin = acp_builtin(text)
+        if builtin is not None:
+            return await self._run_builtin(builtin)
+        discovery = self._discover()
+        invocation = self.commands.invocation(text, discovery)
         self.working = True
         self._cancelled.clear()
         assert self.runtime is not None
         self.runtime.session.set_title(text)
         try:
-            outcome = await agent.run_task(text)
+            if invocation is None:
+                outcome = await agent.run_task(text)
+            else:  # the journal shows `/NAME args`; the model gets the expansion
+                outcome = await agent.run_task(invocation.prompt, invocation.typed)
         finally:
             self.working = False
+        self._offer_commands()  # a command file added or changed during the turn
         await self.flush()
         self.last_message = outcome.final_message
         if self._cancelled.is_set():
             return PromptResponse(stop_reason="cancelled")
         return PromptResponse(stop_reason=self._stop_reason(outcome))
 
+    async def _run_builtin(self, command: SlashCommand) -> PromptResponse:
+        """A built-in command (agent/acp/commands.py): its answer as the agent's message."""
+        assert self.runtime is not None
+        self.working = True
+        try:
+            answer = await run_builtin(command, self.runtime)
+        finally:
+            self.working = False
+        self._updates.put_nowait(update_agent_message_text(answer))
+        self._offer_commands()
+        await self.flush()
+        return PromptResponse(stop_reason="end_turn")
+
     def _stop_reason(self, outcome: TaskOutcome) -> StopReason:
         if outcome.reason == "interrupted":
             return "cancelled"
         if outcome.reason == "max_turns":
             return "max_turn_requests"
+        if outcome.reason == "blocked":  # a user_prompt hook refused the prompt
+            return "refusal"
         if outcome.reason == "failed":
             # The model could not be reached or failed: the turn did not end, it broke.
             raise RequestError(-32603, outcome.final_message, {"kind": outcome.error_kind})

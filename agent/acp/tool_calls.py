@@ -30,6 +30,8 @@ TOOL_KINDS: dict[str, ToolKind] = {
     "git_diff": "read",
     "git_log": "read",
     "git_commit": "execute",
+    "web_fetch": "fetch",
+    "task": "think",
 }
 VERBS = {"read": "Read", "write": "Write", "edit": "Edit", "list": "List"}
 MAX_TITLE_CHARS = 100
@@ -70,6 +72,10 @@ def tool_title(name: str, args: dict[str, Any]) -> str:
         return _short(f"{name.capitalize()} {pattern}{where}")
     if name.startswith("git_"):
         return _short(f"git {name[4:]}")
+    if name == "web_fetch" and isinstance(args.get("url"), str):
+        return _short(f"Fetch {args['url']}")
+    if name == "task" and isinstance(args.get("description"), str):
+        return _short(f"Subagent: {args['description']}")
     if args:
         shown = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in args.items())
         return _short(f"{name}({shown})")

@@ -16,15 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from acp import (
+    plan_entry,
     start_tool_call,
     update_agent_message_text,
     update_agent_thought_text,
+    update_plan,
     update_tool_call,
     update_user_message_text,
 )
 from acp.schema import (
     AgentMessageChunk,
+    AgentPlanUpdate,
     AgentThoughtChunk,
+    PlanEntryStatus,
     TextContentBlock,
     UsageUpdate,
     UserMessageChunk,
@@ -45,17 +49,38 @@ from agent.core.events import (
     Compaction,
     ErrorEvent,
     Event,
+    PlanProposed,
     ReasoningDelta,
+    SubagentEvent,
     TextDelta,
+    TodoUpdated,
     ToolCallEvent,
     ToolResultEvent,
     TurnCompleted,
     Usage,
     UserMessage,
+    parse_event,
 )
+from agent.core.plan_mode import PROCEED_MODES
+from agent.core.todo import TODO_TOOL
 from agent.core.tool_runner import ApprovalRequest
 
 SessionUpdate = Any  # one of acp's session update models
+# After a plan (plan mode), streamed as the answer already: how to carry it out. The
+# client switches the mode itself (session/set_mode), then sends the go-ahead.
+PLAN_NOTE = (
+    "\n\n---\n*Plan mode: nothing has been changed. To carry out this plan, switch the "
+    f"mode to {', '.join(m.label for m in PROCEED_MODES[:-1])} or {PROCEED_MODES[-1].label} "
+    "and tell me to go ahead.*\n"
+)
+# The model's todo list as an ACP plan. Its items carry no priority, so every entry
+# is "medium": the order of the list is what says what comes first.
+PLAN_STATUS: dict[str, PlanEntryStatus] = {
+    "pending": "pending",
+    "in_progress": "in_progress",
+    "done": "completed",
+}
+TODO_CALL_TITLE = "Update the todo list"
 
 
 @dataclass
@@ -109,11 +134,28 @@ class UpdateTranslator:
             return [UsageUpdate(session_update="usage_update", used=used, size=size)]
         if isinstance(event, ErrorEvent):
             return [update_agent_message_text(f"\n\n**Error:** {event.message}\n\n")]
+        if isinstance(event, PlanProposed):
+            return [] if self.replay else [update_agent_message_text(PLAN_NOTE)]
         if isinstance(event, Compaction):
             note = f"Compacted {event.messages_before} messages of the conversation into a summary."
             return [update_agent_thought_text(note)]
+        if isinstance(event, TodoUpdated):
+            return [plan_update(event)]
+        if isinstance(event, SubagentEvent):
+            return self._subagent(event)
         if isinstance(event, TurnCompleted):
             self.last_finish_reason = event.finish_reason
+        return []
+
+    def _subagent(self, event: SubagentEvent) -> list[SessionUpdate]:
+        """A child's tool calls as calls of their own (ACP has no nesting), titled as the
+        subagent's; its text stays out: its report is the task call's result."""
+        inner = parse_event(event.event)
+        if isinstance(inner, ToolCallEvent):
+            start = self._start(inner)
+            return [start.model_copy(update={"title": f"Subagent · {start.title}"})]
+        if isinstance(inner, ToolResultEvent | ApprovalResolved):
+            return self(inner)
         return []
 
     def _start(self, event: ToolCallEvent) -> SessionUpdate:
@@ -123,10 +165,11 @@ class UpdateTranslator:
             request = ApprovalRequest(event.id, event.name, "", "", arguments=args)
             call.diff = preview_content(preview(request, self.workspace), self.workspace)
         self._calls[event.id] = call
+        todo = event.name == TODO_TOOL  # the plan update that follows shows the list itself
         return start_tool_call(
             event.id,
-            tool_title(event.name, args),
-            kind=tool_kind(event.name),
+            TODO_CALL_TITLE if todo else tool_title(event.name, args),
+            kind="think" if todo else tool_kind(event.name),
             status="pending",
             content=call.diff or None,
             locations=tool_locations(self.workspace, args),
@@ -143,6 +186,14 @@ class UpdateTranslator:
         return update_tool_call(
             event.id, status="completed" if event.ok else "failed", content=content
         )
+
+
+def plan_update(event: TodoUpdated) -> AgentPlanUpdate:
+    """The whole list as an ACP `plan` update (the client replaces its plan with it)."""
+    return update_plan(
+        plan_entry(item.content, priority="medium", status=PLAN_STATUS[item.status])
+        for item in event.items
+    )
 
 
 _CHUNKS = (AgentMessageChunk, AgentThoughtChunk, UserMessageChunk)
@@ -180,4 +231,7 @@ def replay_updates(events: list[Event], workspace: Path) -> list[SessionUpdate]:
     # Context use is a level, not a history: only the latest one means anything now.
     usage = [u for u in updates if isinstance(u, UsageUpdate)]
     updates = [u for u in updates if not isinstance(u, UsageUpdate)] + usage[-1:]
+    # So is the plan: each replaces the whole of the one before.
+    plans = [u for u in updates if isinstance(u, AgentPlanUpdate)]
+    updates = [u for u in updates if not isinstance(u, AgentPlanUpdate)] + plans[-1:]
     return _merged(updates)

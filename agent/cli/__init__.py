@@ -6,8 +6,9 @@ Textual TUI (agent/tui/) on a terminal, the line-by-line REPL
 `resident acp` serves editors over the Agent Client Protocol (agent/acp/).
 The engine's own commands (serve, plan, bench, models list/pull, cache) live in
 engine/cli and are mounted here unchanged; `resident models calibrate` is the
-agent's (models.py), and `resident mcp` is in mcp.py. The CLI is the one
-place outside agent/clients that imports the engine.
+agent's (models.py), `resident mcp` is in mcp.py and `resident hooks` in
+hooks.py. The CLI is the one place outside agent/clients that imports the
+engine.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import typer
 
+from agent.cli.hooks import hooks_app
 from agent.cli.mcp import mcp_app
 from agent.cli.models import models_app
 from agent.core.process_guard import guard_agent_process
@@ -39,12 +41,14 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(cache_app, name="cache")
 app.add_typer(models_app, name="models")  # the engine's list and pull, and calibrate
 app.add_typer(mcp_app, name="mcp")
+app.add_typer(hooks_app, name="hooks")
 
 # The modes themselves are listed by typer from the ApprovalMode annotation.
 APPROVAL_HELP = "How tool calls are approved (ask asks; nobody answers in headless runs)."
 NETWORK_HELP = (
-    "Let shell commands use the network (off by default; an allow rule 'network:PREFIX' "
-    "allows it for matching commands only)."
+    "Let shell commands use the network and web_fetch reach public hosts without asking "
+    "(off by default; an allow rule 'network:PREFIX' allows it for matching commands only, "
+    "'web_fetch:HOST' for one host)."
 )
 SANDBOX_ENV_HELP = "An environment variable shell commands may see (repeatable)."
 SANDBOX_READ_HELP = "A folder shell commands may read, read-only (repeatable)."

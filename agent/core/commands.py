@@ -36,6 +36,9 @@ SLASH_COMMANDS: tuple[SlashCommand, ...] = (
     SlashCommand("/clear", "", "start a new session"),
     SlashCommand("/sessions", "", "this repository's sessions; pick one to resume"),
     SlashCommand("/approval", "[MODE]", "show or set the approval mode"),
+    SlashCommand(
+        "/plan", "[TASK]", "plan mode: explore read-only, propose a plan; with TASK, plan it"
+    ),
     SlashCommand("/mcp", "", "MCP servers: their state and tools"),
     SlashCommand("/quit", "", "leave"),
 )

@@ -8,7 +8,9 @@ within a session, resumed runs included.
 Beyond the list in DESIGN.md there are three events a journal needs to be
 complete: `user_message` (what the user asked), `checkpoint` (taken before
 the first change of a task, what `/undo` goes back to) and `compaction`;
-and `mcp_server`, an MCP server's state changes (agent/core/mcp/).
+and `mcp_server`, an MCP server's state changes (agent/core/mcp/);
+`hook`, one hook's run (agent/core/hooks/);
+`todo_updated`, the model's todo list (agent/core/todo.py).
 """
 
 from __future__ import annotations
@@ -137,6 +139,24 @@ class McpServer(Event):
     skipped: list[str] = []  # tools left out (name collisions), each with why
 
 
+class HookRun(Event):
+    """One hook ran (agent/core/hooks/): what it was run for and what came of it."""
+
+    type: Literal["hook"] = "hook"
+    name: str  # the entry's "name", else the start of its command
+    hook_event: Literal["session_start", "user_prompt", "pre_tool", "post_tool", "stop"]
+    command: str
+    source: Literal["user", "repository"]
+    # allowed: exit 0; blocked: exit 2 (the call, prompt or stop was refused, or, at
+    # post_tool, its stderr went to the model); warning: another exit, a failure to start;
+    # timeout: killed at its timeout.
+    outcome: Literal["allowed", "blocked", "warning", "timeout"]
+    duration_s: float
+    message: str = ""  # the reason (blocked), what went wrong, or the context it added
+    tool: str = ""  # pre_tool and post_tool: the tool and the call's id
+    call_id: str = ""
+
+
 class ErrorEvent(Event):
     type: Literal["error"] = "error"
     message: str
@@ -152,10 +172,64 @@ class TurnCompleted(Event):
     finish_reason: str
 
 
+class PlanProposed(Event):
+    """A task in plan mode ended with an answer: that answer is the plan, for the user to
+    approve (carry on in another mode) or refine (agent/core/plan_mode.py)."""
+
+    type: Literal["plan_proposed"] = "plan_proposed"
+    text: str
+
+
 class SessionCompleted(Event):
     type: Literal["session_completed"] = "session_completed"
     final_message: str
     exit_code: int
+
+
+class SubagentStarted(Event):
+    """The `task` tool started a child agent; its events follow as `subagent` events."""
+
+    type: Literal["subagent_started"] = "subagent_started"
+    id: str  # the parent's tool call id: every event of this child names it
+    description: str
+    approval: str  # the child's approval mode
+
+
+class SubagentEvent(Event):
+    """One event of a child agent, nested under the parent's call: `event` is the child's
+    own event (its own `type` and `seq`), exactly as its stream would print it."""
+
+    type: Literal["subagent"] = "subagent"
+    id: str
+    event: dict[str, Any]
+
+
+class SubagentCompleted(Event):
+    type: Literal["subagent_completed"] = "subagent_completed"
+    id: str
+    reason: str  # done, max_turns, approval, interrupted, failed (a TaskOutcome's reason)
+    final_message: str
+    turns: int
+    # The child's first request: its prompt and how much of it the cache already held.
+    first_prompt_tokens: int | None = None
+    first_cached_tokens: int | None = None
+
+
+class TodoItem(BaseModel):
+    """One entry of the model's todo list (agent/core/todo.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    content: str
+    status: Literal["pending", "in_progress", "done"]
+
+
+class TodoUpdated(Event):
+    """The model rewrote its todo list (the `todo_write` tool): the whole list, in order.
+    The last one in a journal is the list a resumed session starts with."""
+
+    type: Literal["todo_updated"] = "todo_updated"
+    items: list[TodoItem] = []
 
 
 AnyEvent = Annotated[
@@ -173,9 +247,15 @@ AnyEvent = Annotated[
     | ContextSnapshot
     | Compaction
     | McpServer
+    | HookRun
     | ErrorEvent
     | TurnCompleted
-    | SessionCompleted,
+    | PlanProposed
+    | SessionCompleted
+    | SubagentStarted
+    | SubagentEvent
+    | SubagentCompleted
+    | TodoUpdated,
     Field(discriminator="type"),
 ]
 log = logging.getLogger(__name__)

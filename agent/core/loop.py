@@ -41,6 +41,7 @@ from agent.core.events import (
     ContextSnapshot,
     ErrorEvent,
     EventEmitter,
+    PlanProposed,
     ReasoningDelta,
     TextDelta,
     ToolCallEvent,
@@ -49,6 +50,8 @@ from agent.core.events import (
     Usage,
     UserMessage,
 )
+from agent.core.hooks import Hooks
+from agent.core.plan_mode import proposes_plan, task_for_model
 from agent.core.tool_runner import ToolRunner, history_arguments
 from tools import ApprovalMode, RestoreReport
 
@@ -66,8 +69,9 @@ class TaskOutcome:
     (agent/exit_codes.py); the core chooses no exit code."""
 
     final_message: str
-    reason: str  # done, max_turns, approval, interrupted, failed
+    reason: str  # done, max_turns, approval, interrupted, failed, blocked (by a hook)
     error_kind: str | None = None  # for "failed": the client error's kind
+    plan: bool = False  # "done" in plan mode: the answer is a plan to approve (plan_mode.py)
 
 
 @dataclass
@@ -116,6 +120,11 @@ class Agent:
     def workspace(self) -> Path:
         """The repository this agent works in."""
         return self.tools.workspace
+
+    @property
+    def hooks(self) -> Hooks | None:
+        """The session's hooks (the tool runner holds them); None: none configured."""
+        return self.tools.hooks
 
     @property
     def approval_mode(self) -> ApprovalMode:
@@ -167,12 +176,22 @@ class Agent:
 
     # -- one task ------------------------------------------------------------------
 
-    async def run_task(self, task: str) -> TaskOutcome:
+    async def run_task(self, task: str, shown: str | None = None) -> TaskOutcome:
+        """Run `task`; `shown`: what the user's message shows instead (a custom command
+        as typed, `/NAME args`, while the conversation keeps its expansion)."""
         self._interrupted.clear()
         self.tools.start_task()
         start_length = len(self.conversation)
-        self.emitter.emit(UserMessage(text=task))
-        self.conversation.commit([{"role": "user", "content": task}])
+        mode = self.approval_mode
+        self.emitter.emit(UserMessage(text=task if shown is None else shown))
+        # In plan mode the model's copy carries the plan-mode instruction (plan_mode.py).
+        content = task_for_model(task, mode)
+        if self.hooks is not None:  # user_prompt hooks add context, or refuse the prompt
+            verdict = await self.hooks.user_prompt(task, content)
+            if verdict.blocked is not None:
+                return TaskOutcome(verdict.blocked, "blocked")
+            content = verdict.content
+        self.conversation.commit([{"role": "user", "content": content}])
         turn = 0
         while True:
             if self._interrupted.is_set():
@@ -184,7 +203,24 @@ class Agent:
             turn += 1
             outcome = await self._turn(turn, start_length)
             if outcome is not None:
-                return outcome
+                note = await self._stop_hooks(outcome)
+                if note is None:
+                    return self._as_plan(outcome, mode)
+                self.conversation.commit([{"role": "user", "content": note}])
+
+    async def _stop_hooks(self, outcome: TaskOutcome) -> str | None:
+        """A stop hook's note when it sends a finished task back to work (hooks/dispatch.py)."""
+        if self.hooks is None or outcome.reason != "done":
+            return None
+        return await self.hooks.stop(outcome.final_message)
+
+    def _as_plan(self, outcome: TaskOutcome, started_in: ApprovalMode) -> TaskOutcome:
+        """A task's outcome, marked as a proposed plan when it is one (plan_mode.py)."""
+        reason, answer = outcome.reason, outcome.final_message
+        if not proposes_plan(started_in, self.approval_mode, reason, answer):
+            return outcome
+        self.emitter.emit(PlanProposed(text=answer))
+        return replace(outcome, plan=True)
 
     async def _prepare_context(self) -> None:
         await self.context.settle_tools()  # MCP servers still starting: a bounded wait
@@ -266,20 +302,24 @@ class Agent:
         results: list[Message] = []
         stop_why: str | None = None
         needs_approval: str | None = None
-        for chunk in answer.calls:
-            self.emitter.emit(
-                ToolCallEvent(id=chunk.id, name=chunk.name, arguments=chunk.arguments)
-            )
+        for group in self._call_groups(answer.calls):
+            for chunk in group:
+                self.emitter.emit(
+                    ToolCallEvent(id=chunk.id, name=chunk.name, arguments=chunk.arguments)
+                )
             if stop_why is None and self._interrupted.is_set():
                 stop_why = "the user interrupted the task"
             if stop_why is not None:
-                results.append(self.tools.skip(chunk, stop_why).message)
+                results.extend(self.tools.skip(chunk, stop_why).message for chunk in group)
                 continue
-            outcome = await self.tools.run(chunk, history_length=start_length)
-            results.append(outcome.message)
-            if outcome.needs_unavailable_approval:
-                needs_approval = outcome.needs_unavailable_approval
-                stop_why = "the task stopped because an earlier call needed approval"
+            outcomes = await asyncio.gather(
+                *(self.tools.run(chunk, history_length=start_length) for chunk in group)
+            )
+            for outcome in outcomes:
+                results.append(outcome.message)
+                if outcome.needs_unavailable_approval:
+                    needs_approval = outcome.needs_unavailable_approval
+                    stop_why = "the task stopped because an earlier call needed approval"
         self.conversation.commit([assistant, *results])
         self.emitter.emit(TurnCompleted(turn=turn, finish_reason="tool_calls"))
         if needs_approval is not None:
@@ -289,6 +329,18 @@ class Agent:
         if self._interrupted.is_set():
             return TaskOutcome("Interrupted.", "interrupted")
         return None
+
+    def _call_groups(self, calls: list[ToolCallChunk]) -> list[list[ToolCallChunk]]:
+        """The calls in order, neighbours that may run at the same time grouped
+        (read-only subagents: one engine batch); every other call alone."""
+        groups: list[list[ToolCallChunk]] = []
+        for chunk in calls:
+            together = self.tools.runs_concurrently(chunk)
+            if together and groups and self.tools.runs_concurrently(groups[-1][-1]):
+                groups[-1].append(chunk)
+            else:
+                groups.append([chunk])
+        return groups
 
     def _report_usage(self, completion: Completion | None) -> None:
         if completion is None or completion.usage is None:

@@ -18,14 +18,18 @@ from agent.core.clients import HTTPClient, LLMClient, start_local_client
 from agent.core.context import ContextSettings, ResidentContext
 from agent.core.conversation import Conversation
 from agent.core.events import EventEmitter, EventSink, SessionStarted
+from agent.core.hooks import open_hooks
 from agent.core.loop import Agent, AgentSettings, snapshot_event
 from agent.core.mcp.session import McpSession, open_mcp
 from agent.core.session import Session, SessionStore, data_dir
+from agent.core.subagents import SubagentLauncher, TaskTool
+from agent.core.todo import TodoList, TodoWriteTool
 from agent.core.tool_runner import ApprovalCallback, ToolRunner
 from tools import (
     ApprovalMode,
     PermissionPolicy,
     Registry,
+    Tool,
     ToolContext,
     default_tools,
     open_checkpoint_store,
@@ -72,6 +76,7 @@ class Runtime:
     emitter: EventEmitter
     sandbox: Sandbox | SandboxUnavailable | None = None
     mcp: McpSession | None = None  # the session's MCP servers, when any are configured
+    todos: TodoList = field(default_factory=TodoList)  # the model's todo list (todo_write)
 
     async def stop_mcp(self) -> None:
         """Stop the MCP servers (they end with the session)."""
@@ -89,9 +94,18 @@ class UnknownToolError(ValueError):
     pass
 
 
-def make_registry(names: tuple[str, ...] | None) -> Registry:
-    """The tools offered to the model; fewer tools make a shorter prompt for small models."""
-    tools = default_tools()
+def agent_tools(
+    launcher: SubagentLauncher | None = None, todos: TodoList | None = None
+) -> list[Tool]:
+    """Tools the agent itself carries out; tools/ holds those that act on the workspace."""
+    return [TaskTool(launcher or SubagentLauncher()), TodoWriteTool(todos or TodoList())]
+
+
+def make_registry(names: tuple[str, ...] | None, own: list[Tool] | None = None) -> Registry:
+    """The tools offered to the model; fewer tools make a shorter prompt for small models.
+    `own`: the agent's own tools, bound to this session (default: unbound ones, enough
+    to check names)."""
+    tools = default_tools() + (agent_tools() if own is None else own)
     if names is None:
         return Registry(tools)
     known = {tool.name for tool in tools}
@@ -149,7 +163,9 @@ async def open_runtime(
     SessionNotFound; the caller decides the exit code.
     """
     workspace = Path(os.path.realpath(options.workspace))
-    registry = make_registry(options.tools)
+    launcher = SubagentLauncher()  # bound to the agent once it exists
+    todos = TodoList()  # announced through the emitter once there is one
+    registry = make_registry(options.tools, agent_tools(launcher, todos))
     client = client or make_client(options)
     try:
         if isinstance(client, HTTPClient):
@@ -161,6 +177,9 @@ async def open_runtime(
         await client.aclose()
         raise
     emitter = EventEmitter([session.journal, *sinks], next_seq=session.next_seq())
+    todos.listener = emitter.emit
+    if resumed:
+        todos.restore(session.load_events())
     sandbox = detect_sandbox(workspace)
     tool_context = ToolContext(
         workspace=workspace,
@@ -181,7 +200,9 @@ async def open_runtime(
             await asyncio.to_thread(prune, checkpoints, KEEP_CHECKPOINTS)
         except Exception as err:
             log.warning("could not prune old checkpoints: %s", err)
-    runner = ToolRunner(registry, tool_context, policy, emitter, approve, checkpoints)
+    # The user's and the repository's hooks (None without a hooks file: no cost at all).
+    hooks = open_hooks(workspace, tool_context, lambda: policy.mode, session.id, emitter.emit)
+    runner = ToolRunner(registry, tool_context, policy, emitter, approve, checkpoints, hooks)
     # MCP servers join the full tool set; a run limited to named tools (--tools) gets none.
     mcp = (
         open_mcp(workspace, tool_context, registry, emitter.emit) if options.tools is None else None
@@ -219,7 +240,16 @@ async def open_runtime(
             await asyncio.to_thread(mcp.close)
         raise
     emitter.emit(snapshot_event(snapshot, client.token_count_method))
+    if hooks is not None:  # what did not load or run, then the session_start hooks
+        await hooks.session_start(resumed)
     agent = Agent(client, context, runner, emitter, conversation, options.settings)
+    launcher.bind(agent)
     return Runtime(
-        agent=agent, session=session, client=client, emitter=emitter, sandbox=sandbox, mcp=mcp
+        agent=agent,
+        session=session,
+        client=client,
+        emitter=emitter,
+        sandbox=sandbox,
+        mcp=mcp,
+        todos=todos,
     )

@@ -30,6 +30,7 @@ from agent.core.events import (
     EventEmitter,
     ToolResultEvent,
 )
+from agent.core.hooks import Hooks
 from tools import (
     CheckpointStore,
     Effect,
@@ -92,6 +93,7 @@ class ToolRunner:
         emitter: EventEmitter,
         approve: ApprovalCallback | None = None,
         checkpoints: CheckpointStore | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         self.registry = registry
         self.ctx = tool_context
@@ -99,6 +101,7 @@ class ToolRunner:
         self.emitter = emitter
         self.approve = approve
         self.checkpoints = checkpoints
+        self.hooks = hooks  # pre_tool and post_tool hooks; None: no hooks configured
         self.checkpoint_taken = False  # reset at the start of each task
         # (checkpoint id, conversation length before its task), oldest first: for /undo.
         self.undo_points: list[tuple[str, int]] = []
@@ -139,6 +142,14 @@ class ToolRunner:
         )
         return CallOutcome(tool_message(call_id, result), result, **extra)
 
+    def runs_concurrently(self, chunk: ToolCallChunk) -> bool:
+        """A valid call of a tool that allows it and that only reads: it may run
+        alongside its neighbours in the same answer."""
+        parsed = self.registry.parse(chunk.name, chunk.arguments, chunk.id)
+        if isinstance(parsed, ToolResult):
+            return False
+        return parsed.tool.concurrent and parsed.access.effect is Effect.READ
+
     def skip(self, chunk: ToolCallChunk, why: str) -> CallOutcome:
         """A call that will not run (the task stopped before it)."""
         return self._finish(chunk.id, ToolResult.error(f"Not run: {why}."))
@@ -156,6 +167,14 @@ class ToolRunner:
                     "do not retry it unchanged."
                 ),
             )
+        # pre_tool hooks see only calls the policy lets through, and run before a person
+        # is asked, so nobody approves a call a hook would block.
+        hook_notes: tuple[str, ...] = ()
+        if self.hooks is not None:
+            verdict = await self.hooks.pre_tool(parsed.name, _hook_arguments(parsed), chunk.id)
+            if verdict.blocked is not None:
+                return self._finish(chunk.id, ToolResult.error(verdict.blocked))
+            hook_notes = verdict.notes
         if decision.verdict is Verdict.ASK:
             answer = await self._ask(parsed, chunk.id, decision.request, decision.reason)
             if answer is None:
@@ -179,6 +198,10 @@ class ToolRunner:
             grant = dataclasses.replace(grant, secrets=True)
         await self._checkpoint_before(parsed, history_length)
         result = await self.registry.run_async(parsed, self.ctx, grant)
+        if self.hooks is not None:
+            result = await self.hooks.post_tool(
+                parsed.name, _hook_arguments(parsed), chunk.id, result, hook_notes
+            )
         return self._finish(chunk.id, result)
 
     async def _ask(
@@ -227,6 +250,11 @@ class ToolRunner:
         self.emitter.emit(
             CheckpointTaken(checkpoint_id=checkpoint.id, history_length=history_length)
         )
+
+
+def _hook_arguments(call: ToolCall) -> dict[str, Any]:
+    """The call's checked arguments as JSON values, for a hook's stdin."""
+    return _jsonable(call.args.model_dump(mode="json"))
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:

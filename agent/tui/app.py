@@ -43,9 +43,11 @@ from agent.tui.widgets.banner import ConnectionBanner
 from agent.tui.widgets.completion_menu import CompletionMenu
 from agent.tui.widgets.conversation import ConversationView, EarlierMessages
 from agent.tui.widgets.notes import ErrorNote
+from agent.tui.widgets.plan_prompt import PlanPrompt
 from agent.tui.widgets.prompt_input import PromptInput
 from agent.tui.widgets.reasoning import ReasoningBlock
 from agent.tui.widgets.status_bar import StatusBar
+from agent.tui.widgets.todo_panel import TodoPanel
 from agent.tui.widgets.tool_block import ToolBlock
 from agent.tui.widgets.work_indicator import WorkIndicator
 from tools.workspace.walk import visible_files
@@ -97,9 +99,10 @@ class ResidentApp(App[int]):
         menu = CompletionMenu()
         yield ConnectionBanner()
         yield ConversationView()
+        yield TodoPanel()
         yield WorkIndicator()
         yield menu
-        yield PromptInput(menu, self.history)
+        yield PromptInput(menu, self.history, self.slash.completion_commands)
         yield StatusBar(self.clock)
         yield Footer()
 
@@ -155,6 +158,7 @@ class ResidentApp(App[int]):
         self.indicator.stop()
         self.status.set_approval(self.bridge.approval_mode().value)
         await self.refresh_files()
+        await self.slash.report_command_problems()
         if self.queued:
             self.send(self.queued.pop(0))
 
@@ -181,6 +185,7 @@ class ResidentApp(App[int]):
     async def on_agent_event(self, message: AgentEvent) -> None:
         event = message.event
         self.status.on_agent_event(event)
+        self.query_one(TodoPanel).handle(event)
         await self.conversation.handle(event)
         if not self.ready and isinstance(event, SessionStarted):
             self.indicator.start("Taking the repository snapshot…")
@@ -201,6 +206,7 @@ class ResidentApp(App[int]):
             self.run_worker(self.connection.wait_until_back(), exit_on_error=False)
 
     async def on_history(self, message: History) -> None:
+        self.query_one(TodoPanel).replay(message.events)
         await self.conversation.replay(message.events)
 
     def on_engine_info(self, message: EngineInfo) -> None:
@@ -216,6 +222,28 @@ class ResidentApp(App[int]):
         self.indicator.start(WORKING)
         self.prompt.focus()
 
+    async def offer_plan(self) -> PlanPrompt:
+        """After a plan (plan mode): carry it out in which mode, or keep planning."""
+        prompt = PlanPrompt()
+        await self.conversation.add_widget(prompt)
+        self.conversation.anchor()
+        prompt.focus()
+        return prompt
+
+    @on(PlanPrompt.Chosen)
+    async def _plan_chosen(self, message: PlanPrompt.Chosen) -> None:
+        await self.query(PlanPrompt).remove()
+        self.prompt.focus()
+        if not message.choice.proceeds:
+            await self.conversation.note("Still in plan mode: type what to change in the plan.")
+            return
+        follow_up = self.bridge.proceed_with_plan(message.choice.mode)
+        self.status.set_approval(message.choice.mode.value)
+        await self.conversation.note(
+            f"Approval mode is now {message.choice.mode.value}; carrying out the plan.", "good"
+        )
+        self.submit(follow_up)
+
     # -- the user's side -----------------------------------------------------------------
 
     @on(PromptInput.Submitted)
@@ -224,13 +252,19 @@ class ResidentApp(App[int]):
         text = message.text
         if text.startswith("/"):
             self.run_worker(self.slash.run(text), exit_on_error=False)
-        elif self.busy or not self.ready:
+        else:
+            self.submit(text)
+
+    def submit(self, text: str) -> None:
+        """Send a message now, or queue it while the agent is busy or starting."""
+        if self.busy or not self.ready:
             self.queued.append(text)
             self.notify("Queued; sent when the agent is free.", timeout=3)
         else:
             self.send(text)
 
     def send(self, text: str) -> None:
+        self.query(PlanPrompt).remove()  # a message instead of a choice: keep planning
         self.busy = True
         self.conversation.anchor()
         self.run_worker(self._run_task(text), group="task", exit_on_error=False)
@@ -241,6 +275,8 @@ class ResidentApp(App[int]):
             outcome = await self.bridge.run_task(text)
             if outcome.reason == "interrupted":
                 await self.conversation.note_interrupted()
+            elif outcome.plan and not self.queued:
+                await self.offer_plan()
         except asyncio.CancelledError:
             raise
         except Exception as err:  # the agent failed; the session goes on

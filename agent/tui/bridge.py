@@ -32,9 +32,11 @@ from agent.core.commands import (
     workspace_diff,
 )
 from agent.core.context_report import ContextReport, context_report
+from agent.core.custom_commands import CustomCommands, resolve_task
 from agent.core.engine_facts import engine_facts, reachable
 from agent.core.events import Event, SessionCompleted
 from agent.core.loop import TaskOutcome
+from agent.core.plan_mode import proceed
 from agent.core.runtime import Runtime, RuntimeOptions, open_runtime
 from agent.core.session import SessionMeta, SessionStore
 from agent.core.tool_runner import ApprovalAnswer, ApprovalRequest
@@ -60,6 +62,8 @@ class AgentBridge:
         self.approvals = SessionApprovals()
         self._waiting: dict[str, concurrent.futures.Future[ApprovalAnswer]] = {}
         self.last_message = ""
+        # Custom slash commands of the workspace (read afresh each time they are wanted).
+        self.commands = CustomCommands(Path(options.workspace))
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -163,7 +167,11 @@ class AgentBridge:
     # -- work ------------------------------------------------------------------------------
 
     async def run_task(self, text: str) -> TaskOutcome:
-        outcome = await self._call(self._runtime().agent.run_task(text))
+        """Run a message as a task; a custom command (`/NAME args`) runs its expansion."""
+        task, shown = resolve_task(text, self.commands)
+        if text.startswith("/") and shown is None:  # its file went away since it was sent
+            raise ValueError(f"{text.split()[0]} is no longer a command; /help lists them")
+        outcome = await self._call(self._runtime().agent.run_task(task, shown))
         self.last_message = outcome.final_message
         return outcome
 
@@ -222,6 +230,11 @@ class AgentBridge:
 
     def set_approval(self, mode: ApprovalMode) -> ApprovalMode:
         return set_approval_mode(self._runtime().agent, mode)
+
+    def proceed_with_plan(self, mode: ApprovalMode) -> str:
+        """Carry out the proposed plan in `mode`: switches the mode and returns the
+        follow-up task to send (agent/core/plan_mode.py)."""
+        return proceed(self._runtime().agent, mode)
 
     async def context_report(self) -> ContextReport:
         agent = self._runtime().agent

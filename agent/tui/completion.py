@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.core.commands import APPROVAL_MODES, SLASH_COMMANDS
+from agent.core.custom_commands import CustomCommand
 
 MAX_ITEMS = 30
 AT_PATH = re.compile(r"(?:^|\s)@([^\s@]*)$")
@@ -28,12 +29,21 @@ class Completions:
     items: list[Item]
 
 
-def _commands(line: str) -> Completions | None:
+def _commands(line: str, custom: Sequence[CustomCommand]) -> Completions | None:
     word = line.lower()
     items = [
         Item(c.name, c.name + (" " if c.usage else ""), f"{c.usage} {c.help}".strip())
         for c in SLASH_COMMANDS
         if c.name.startswith(word)
+    ]
+    items += [  # after the built-ins, whose names they never take
+        Item(
+            c.slash_name,
+            c.slash_name + (" " if c.takes_arguments else ""),
+            f"{c.argument_hint} {c.description}".strip(),
+        )
+        for c in custom
+        if c.slash_name.startswith(word)
     ]
     if len(items) == 1 and items[0].insert.strip() == line:
         return None  # already complete
@@ -63,13 +73,24 @@ def rank_paths(query: str, files: Sequence[str], limit: int = MAX_ITEMS) -> list
     return (starts + names + contains)[:limit]
 
 
+def wants_commands(line_before_cursor: str, *, first_line: bool) -> bool:
+    """Whether `complete` would offer command names (so custom commands are read only
+    then, not at every key)."""
+    return first_line and line_before_cursor.startswith("/") and " " not in line_before_cursor
+
+
 def complete(
-    line_before_cursor: str, *, first_line: bool, files: Sequence[str]
+    line_before_cursor: str,
+    *,
+    first_line: bool,
+    files: Sequence[str],
+    commands: Sequence[CustomCommand] = (),
 ) -> Completions | None:
-    """Completions for the cursor's line up to the cursor; None when there are none."""
+    """Completions for the cursor's line up to the cursor; None when there are none.
+    `commands`: the custom commands, offered after the built-ins."""
     if first_line and line_before_cursor.startswith("/"):
-        if " " not in line_before_cursor:
-            return _commands(line_before_cursor)
+        if wants_commands(line_before_cursor, first_line=first_line):
+            return _commands(line_before_cursor, commands)
         if line_before_cursor.lower().startswith("/approval "):
             return _modes(line_before_cursor, "/approval ")
         return None

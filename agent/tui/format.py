@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from agent.core.todo import TODO_TOOL
+
 
 def tokens(n: int | None) -> str:
     """1234 -> 1.2k, 1234567 -> 1.23M: short enough for a status bar."""
@@ -33,10 +35,21 @@ def arguments(raw: str) -> dict:
 def call_summary(name: str, raw_arguments: str, limit: int = 70) -> str:
     """What a call is about, in a few words: its path, command or pattern."""
     args = arguments(raw_arguments)
-    for key in ("command", "path", "pattern", "query", "ref", "message"):
+    if name == TODO_TOOL:
+        return todo_summary(args)
+    for key in ("command", "path", "pattern", "query", "ref", "message", "description"):
         value = args.get(key)
         if isinstance(value, str) and value:
             return short(value, limit)
     if args:
         return short(", ".join(f"{k}={json.dumps(v)}" for k, v in args.items()), limit)
     return short(raw_arguments, limit) if raw_arguments.strip() else ""
+
+
+def todo_summary(args: dict) -> str:
+    """A todo_write call in one line: the todo panel shows the list itself."""
+    todos = args.get("todos")
+    if not isinstance(todos, list):
+        return "updated the todo list"
+    done = sum(1 for item in todos if isinstance(item, dict) and item.get("status") == "done")
+    return f"updated the todo list, {done}/{len(todos)} done"

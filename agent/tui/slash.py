@@ -6,13 +6,14 @@ this file only decides how each result looks.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
 
 from textual.screen import Screen
 from textual.widgets import Markdown
 
 from agent.core.commands import APPROVAL_MODES, find_command, undo_summary
+from agent.core.custom_commands import CustomCommand, Discovery, parse_invocation
 from agent.tui.bridge import AgentBridge
 from agent.tui.help import help_markdown
 from agent.tui.screens.context import ContextScreen
@@ -29,6 +30,8 @@ class CommandHost(Protocol):
 
     bridge: AgentBridge
     ready: bool
+    busy: bool
+    queued: list[str]
 
     @property
     def conversation(self) -> ConversationView: ...
@@ -40,6 +43,12 @@ class CommandHost(Protocol):
     def status(self) -> StatusBar: ...
 
     async def run_exclusive(self, words: str, work: Awaitable[Any]) -> bool: ...
+
+    def send(self, text: str) -> None: ...
+
+    def notify(self, message: str, *, timeout: float | None = None) -> None: ...
+
+    def submit(self, text: str) -> None: ...
 
     async def refresh_files(self) -> None: ...
 
@@ -62,7 +71,7 @@ class SlashCommands:
         name, _, argument = line.strip().partition(" ")
         command = find_command(name)
         if command is None:
-            await self.view.note(f"Unknown command {name}; /help lists them.", "warning")
+            await self._custom(line)
             return
         if command.name not in ("/help", "/quit") and not self.app.ready:
             await self.view.note("The agent is still starting; try again in a moment.", "warning")
@@ -71,7 +80,49 @@ class SlashCommands:
         await handler(argument.strip())
 
     async def do_help(self, _: str) -> None:
-        await self.view.add_widget(Markdown(help_markdown(), classes="help"))
+        discovery = await self._discover()
+        await self.view.add_widget(Markdown(help_markdown(discovery.commands), classes="help"))
+
+    # -- custom commands (agent/core/custom_commands.py) ----------------------------------
+
+    async def _tell(self, problems: Sequence[str]) -> None:
+        if problems:
+            await self.view.note("\n".join(problems), "warning")
+
+    async def _discover(self) -> Discovery:
+        """The custom commands as they are now; problems not told yet shown as a note."""
+        commands = self.app.bridge.commands
+        discovery = commands.discover()
+        await self._tell(commands.new_problems(discovery))
+        return discovery
+
+    async def report_command_problems(self) -> None:
+        """At start: what is wrong with the command files, before anyone types `/`."""
+        await self._discover()
+
+    def completion_commands(self) -> Sequence[CustomCommand]:
+        """For the input box's completion (called as the user types, so it cannot wait:
+        a problem found now is noted by a worker)."""
+        commands = self.app.bridge.commands
+        discovery = commands.discover()
+        problems = commands.new_problems(discovery)
+        if problems:
+            self.view.run_worker(self._tell(problems), exit_on_error=False)
+        return discovery.commands
+
+    async def _custom(self, line: str) -> None:
+        """`/NAME args` for a custom command: sent as a task (the bridge expands it),
+        queued like any message while the agent is busy."""
+        parsed = parse_invocation(line)
+        if parsed is None or (await self._discover()).find(parsed[0]) is None:
+            name = f"/{parsed[0]}" if parsed else line.strip()
+            await self.view.note(f"Unknown command {name}; /help lists them.", "warning")
+            return
+        if self.app.busy or not self.app.ready:
+            self.app.queued.append(line)
+            self.app.notify("Queued; sent when the agent is free.", timeout=3)
+        else:
+            self.app.send(line)
 
     async def do_quit(self, _: str) -> None:
         await self.app.action_quit()
@@ -172,3 +223,15 @@ class SlashCommands:
             return
         self.app.status.set_approval(chosen.value)
         await self.view.note(f"Approval mode is now {chosen.value}.", "good")
+
+    async def do_plan(self, task: str) -> None:
+        """Plan mode (agent/core/plan_mode.py); with a task, plan it right away."""
+        chosen = self.app.bridge.set_approval(ApprovalMode.PLAN)
+        self.app.status.set_approval(chosen.value)
+        await self.view.note(
+            "Plan mode: the agent explores read-only and proposes a plan; nothing changes "
+            "until you approve it." + ("" if task else " Type the task."),
+            "good",
+        )
+        if task:
+            self.app.submit(task)

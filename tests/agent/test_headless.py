@@ -156,9 +156,10 @@ def test_context_window_from_flag_when_server_has_no_stats(repo):
         missing = run_cli("hi", "--attach", server.url)
         assert missing.exit_code == 2
         assert "--context-window" in missing.stderr
-        given = run_cli("hi", *attached(server.url, "--context-window", "4096"))
+        # Room for the fixed prefix (system prompt and every tool's schema) and a turn.
+        given = run_cli("hi", *attached(server.url, "--context-window", "8192"))
     assert given.exit_code == 0
-    assert given.of_type("session_started")[0]["context_window"] == 4096
+    assert given.of_type("session_started")[0]["context_window"] == 8192
 
 
 def test_usage_errors_exit_2(repo):

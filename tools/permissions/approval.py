@@ -20,6 +20,7 @@ class ApprovalMode(str, Enum):
     parses modes through this class, so a mode added here shows up everywhere."""
 
     READ_ONLY = "read-only"
+    PLAN = "plan"  # read-only exploration, then a plan the user approves before any change
     ASK = "ask"
     AUTO_EDIT = "auto-edit"
     FULL_AUTO = "full-auto"
@@ -43,6 +44,13 @@ class ApprovalMode(str, Enum):
         return tuple(mode.value for mode in cls)
 
     @property
+    def read_only(self) -> bool:
+        """Tools are judged as in read-only mode: reads, read-only commands in a read-only
+        sandbox, nothing else. The one test the policy makes, so plan mode can never
+        drift looser than read-only."""
+        return self in (ApprovalMode.READ_ONLY, ApprovalMode.PLAN)
+
+    @property
     def label(self) -> str:
         """A short name for pickers (an editor's mode menu)."""
         return _ABOUT[self][0]
@@ -56,6 +64,10 @@ class ApprovalMode(str, Enum):
 # Named and described once, beside the modes: a mode without an entry fails loudly.
 _ABOUT: dict[ApprovalMode, tuple[str, str]] = {
     ApprovalMode.READ_ONLY: ("Read-only", "Reads only; no edits or commands."),
+    ApprovalMode.PLAN: (
+        "Plan",
+        "Explores read-only, then proposes a plan to approve before any change.",
+    ),
     ApprovalMode.ASK: ("Ask", "Asks before every edit and command."),
     ApprovalMode.AUTO_EDIT: ("Auto-edit", "Edits without asking; asks before commands."),
     ApprovalMode.FULL_AUTO: (

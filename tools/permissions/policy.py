@@ -18,6 +18,11 @@ Order of judgement, first match wins:
    full-auto or when an allow rule names them (`mcp__SERVER`,
    `mcp__SERVER__TOOL`), and in read-only mode run only when a rule names
    them: the agent cannot see what they do, so the user must have said so.
+   Plan mode is judged exactly as read-only (`ApprovalMode.read_only`); only
+   the mode's name in the reasons differs.
+Web fetches (`ToolAccess.url`) are judged by their host alone, the same in
+every mode: deny rules, allow rules naming the host, `--network` for public
+hosts, else ask (tools.permissions.web_rules).
 
 Shell commands run in an OS sandbox (tools.sandbox.bubblewrap) and the decision says
 what the sandbox grants: a command allowed as read-only gets a read-only
@@ -41,6 +46,7 @@ from tools.base import Effect, ToolAccess, ToolCall
 from tools.context import ToolContext
 from tools.permissions.approval import ApprovalMode, Decision, Rule, Verdict
 from tools.permissions.shell_rules import DANGEROUS_ASSIGNMENT, ShellJudgement, prefix_matches
+from tools.permissions.web_rules import judge_fetch
 from tools.sandbox.bubblewrap import READ_ONLY
 from tools.shell.parse import CommandAnalysis, analyze
 from tools.workspace.paths import PathError, ResolvedPath, resolve_path, sensitivity
@@ -112,6 +118,8 @@ class PermissionPolicy(ShellJudgement):
         return self.check_access(call.name, call.access)
 
     def check_access(self, tool: str, access: ToolAccess) -> Decision:
+        if access.url is not None:  # a web fetch: judged by its host (web_rules)
+            return judge_fetch(tool, access, network=self.network, allow=self.allow, deny=self.deny)
         resolved: list[ResolvedPath] = []
         for raw in access.paths:
             try:
@@ -151,7 +159,7 @@ class PermissionPolicy(ShellJudgement):
             hidden = analysis.visibility_problem() or (
                 "it expands words, or a wrapper or git option the matcher cannot follow"
             )
-            verdict = Verdict.DENY if self.mode is ApprovalMode.READ_ONLY else Verdict.ASK
+            verdict = Verdict.DENY if self.mode.read_only else Verdict.ASK
             return verdict, (
                 f"cannot tell whether it runs something denied by rule '{unknown_deny}' ({hidden})"
             )
@@ -159,12 +167,14 @@ class PermissionPolicy(ShellJudgement):
             return self._judge_unsandboxed(tool)
         if access.external:
             return self._judge_external(tool)
-        if self.mode is ApprovalMode.READ_ONLY and access.effect is not Effect.READ:
+        if self.mode.read_only and access.effect is not Effect.READ:
             if analysis is None:
-                return Verdict.DENY, "read-only mode does not allow changes"
+                return Verdict.DENY, f"{self.mode.value} mode does not allow changes"
             problem = self.read_only_problem(analysis, cwd)
             if problem:
-                return Verdict.DENY, f"read-only mode only runs read-only commands: {problem}"
+                return Verdict.DENY, (
+                    f"{self.mode.value} mode only runs read-only commands: {problem}"
+                )
             return Verdict.ALLOW, "a read-only command"
         sensitive = [(p, why) for p in resolved if (why := sensitivity(p))]
         if sensitive and not self._allowed_by_path_rules(tool, [p for p, _ in sensitive]):
@@ -199,12 +209,12 @@ class PermissionPolicy(ShellJudgement):
         """A tool another program carries out (an MCP server's): it may do anything, so
         read-only mode runs it only when an allow rule names it (or its server)."""
         named = next((r for r in self.allow if r.names_tool(tool) and r.pattern is None), None)
-        if self.mode is ApprovalMode.READ_ONLY:
+        if self.mode.read_only:
             if named is not None:
                 return Verdict.ALLOW, f"allowed by the allow rule '{named}'"
             return Verdict.DENY, (
-                "read-only mode does not call MCP tools unless an allow rule names the tool "
-                "or its server"
+                f"{self.mode.value} mode does not call MCP tools unless an allow rule names "
+                "the tool or its server"
             )
         if named is not None or any(r.tool == "*" and r.pattern is None for r in self.allow):
             return Verdict.ALLOW, "allowed by an allow rule"
@@ -214,8 +224,8 @@ class PermissionPolicy(ShellJudgement):
 
     def _judge_unsandboxed(self, tool: str) -> tuple[Verdict, str]:
         """Fail closed: with no sandbox the parser's word is not enough to run anything."""
-        if self.mode is ApprovalMode.READ_ONLY:
-            return Verdict.DENY, "read-only mode offers no shell when there is no sandbox"
+        if self.mode.read_only:
+            return Verdict.DENY, f"{self.mode.value} mode offers no shell when there is no sandbox"
         if any(r.covers_tool(tool) and r.pattern is None for r in self.allow):
             return Verdict.ALLOW, f"allowed by the allow rule '{tool}' (no sandbox)"
         return Verdict.ASK, "there is no sandbox, so every command asks"

@@ -68,10 +68,8 @@ class ShellJudgement:
 
     def _grant(self, analysis: CommandAnalysis, cwd: Path) -> SandboxGrant:
         """What the sandbox gives a shell line that runs: writes unless it is a read-only
-        command (or the mode is read-only); network where the user allowed it."""
-        write = self.mode is not ApprovalMode.READ_ONLY and (
-            self.read_only_problem(analysis, cwd) is not None
-        )
+        command (or the mode is read-only or plan); network where the user allowed it."""
+        write = not self.mode.read_only and (self.read_only_problem(analysis, cwd) is not None)
         network = self.network or self._network_rules_cover(analysis, cwd)
         return SandboxGrant(write=write, network=network)
 

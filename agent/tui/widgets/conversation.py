@@ -23,10 +23,15 @@ from agent.core.events import (
     ContextSnapshot,
     ErrorEvent,
     Event,
+    HookRun,
     McpServer,
+    PlanProposed,
     ReasoningDelta,
     SessionCompleted,
     SessionStarted,
+    SubagentCompleted,
+    SubagentEvent,
+    SubagentStarted,
     TextDelta,
     ToolCallEvent,
     ToolResultEvent,
@@ -41,6 +46,7 @@ from agent.tui.widgets.approval import ApprovalPrompt
 from agent.tui.widgets.assistant import AssistantBlock
 from agent.tui.widgets.notes import ErrorNote, Note
 from agent.tui.widgets.reasoning import ReasoningBlock
+from agent.tui.widgets.subagent_log import SubagentLog
 from agent.tui.widgets.tool_block import ToolBlock
 from agent.tui.widgets.user_block import UserBlock
 
@@ -296,6 +302,13 @@ class ConversationView(VerticalScroll):
             await self._add(group, ErrorNote(event.message, event.kind, event.fatal))
         elif isinstance(event, McpServer):
             await self._mcp_note(group, event)
+        elif isinstance(event, HookRun):
+            await self._hook_note(group, event)
+        elif isinstance(event, SubagentStarted | SubagentEvent | SubagentCompleted):
+            await self._subagent(event)
+        elif isinstance(event, PlanProposed):
+            await self._end_text(group)
+            await self._add(group, Note("Plan proposed (plan mode): nothing has been changed."))
 
     async def _mcp_note(self, group: TaskGroup, event: McpServer) -> None:
         """One line when a server fails or leaves tools out; a working server is quiet
@@ -307,6 +320,39 @@ class ConversationView(VerticalScroll):
         elif event.state == "ready" and event.skipped:
             text = f"MCP server {event.server}: left out {'; '.join(event.skipped)}"
             await self._add(group, Note(text, "warning"))
+
+    async def _hook_note(self, group: TaskGroup, event: HookRun) -> None:
+        """One line when a hook blocked or added something; a hook that failed shows as its
+        error event, and a quiet success shows nothing."""
+        where = f"{event.hook_event} {event.tool}".strip()
+        first = event.message.strip().splitlines()[0] if event.message.strip() else ""
+        if event.outcome == "blocked":
+            verb = {"stop": "sent the task back", "post_tool": "answered"}.get(
+                event.hook_event, "blocked"
+            )
+            await self._end_text(group)
+            await self._add(group, Note(f"Hook {event.name} ({where}) {verb}: {first}", "warning"))
+        elif event.outcome == "allowed" and first:
+            await self._add(group, Note(f"Hook {event.name} ({where}) added context: {first}"))
+
+    async def _subagent(self, event: SubagentStarted | SubagentEvent | SubagentCompleted) -> None:
+        """A child's work folds into its task call's block."""
+        block = self._tools.get(event.id)
+        if block is None:
+            return
+        if isinstance(event, SubagentStarted):
+            await block.add(SubagentLog(event))
+            block.set_status("running", "subagent working")
+            return
+        logs = block.query(SubagentLog)
+        if not logs:
+            return
+        if isinstance(event, SubagentEvent):
+            logs.first().record(event)
+            block.set_status(block.status, logs.first().progress())
+        else:
+            block.finished_detail = logs.first().finished(event)
+            block.set_status(block.status, block.finished_detail)
 
     async def _tool_event(self, block: ToolBlock, event: Event) -> None:
         if isinstance(event, ApprovalRequested):

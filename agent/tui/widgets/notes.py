@@ -21,6 +21,11 @@ NEXT_STEPS = {
     "configuration": "Fix the setting named above and restart.",
     "mcp_config": "Fix the MCP servers file named above; /clear starts a session that reads it "
     "again.",
+    "hook": "A hook (hooks.json) failed or refused; `resident hooks list` shows your hooks, "
+    "docs/HOOKS.md what their exit codes mean.",
+    "hook_config": "Fix the hooks file named above; /clear starts a session that reads it again.",
+    "hook_trust": "Read the repository's .resident/hooks.json, then run `resident hooks trust` "
+    "in it; /clear starts a session that runs them.",
 }
 DEFAULT_NEXT_STEP = "Try again; if it keeps failing, restart with -v for details."
 

@@ -3,14 +3,15 @@ Tab (or Enter) takes a completion of `/commands` and `@paths` from the menu abov
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from textual import events
 from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import TextArea
 
-from agent.tui.completion import complete
+from agent.core.custom_commands import CustomCommand
+from agent.tui.completion import complete, wants_commands
 from agent.tui.prompt_history import PromptHistory
 from agent.tui.widgets.completion_menu import CompletionMenu
 
@@ -37,7 +38,13 @@ class PromptInput(TextArea):
             super().__init__()
             self.text = text
 
-    def __init__(self, menu: CompletionMenu, history: PromptHistory, **kwargs) -> None:
+    def __init__(
+        self,
+        menu: CompletionMenu,
+        history: PromptHistory,
+        commands: Callable[[], Sequence[CustomCommand]] = tuple,
+        **kwargs,
+    ) -> None:
         super().__init__(
             soft_wrap=True,
             tab_behavior="focus",
@@ -48,6 +55,7 @@ class PromptInput(TextArea):
         self.menu = menu
         self.prompt_history = history
         self.files: Sequence[str] = ()
+        self.custom_commands = commands  # read when `/` completion needs them
 
     # -- keys ----------------------------------------------------------------------------
 
@@ -115,7 +123,9 @@ class PromptInput(TextArea):
     def update_completion(self) -> None:
         row, column = self.cursor_location
         line = self.document.get_line(row)[:column]
-        found = complete(line, first_line=row == 0, files=self.files)
+        first_line = row == 0
+        custom = self.custom_commands() if wants_commands(line, first_line=first_line) else ()
+        found = complete(line, first_line=first_line, files=self.files, commands=custom)
         if found is None:
             self.menu.close()
         else:

@@ -26,6 +26,7 @@ from agent.core.events import (
     Usage,
 )
 from agent.tui.format import tokens
+from tools import ApprovalMode
 
 METER_CELLS = 10
 
@@ -130,7 +131,10 @@ class StatusBar(Static):
             (5, Text(f"cache {share:.0%}" if share is not None else "cache –")),
             (4, Text(f"{self.rate:.1f} tok/s" if self.rate is not None else "– tok/s")),
         ]
-        if self.approval:
+        if self.approval == ApprovalMode.PLAN.value:
+            # Plan mode changes what the agent does the most: it is the last part to go.
+            parts.append((10, Text("plan mode", style="bold green")))
+        elif self.approval:
             parts.append((2, Text(self.approval, style="italic")))
         return parts
 

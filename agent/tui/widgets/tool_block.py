@@ -68,6 +68,7 @@ class ToolBlock(Collapsible):
         self.status = "running"
         self.output = ""
         self.diff: DiffBlock | None = None
+        self.finished_detail = ""  # what the heading says once done (a subagent's summary)
         body = Static(_argument_lines(name, raw_arguments), markup=False, classes="tool-arguments")
         super().__init__(body, title=self._heading(), collapsed=True, **kwargs)
 
@@ -91,7 +92,8 @@ class ToolBlock(Collapsible):
 
     async def finish(self, ok: bool, output: str, truncated: bool, data: dict[str, Any]) -> None:
         if self.status != "denied":
-            self.set_status("done" if ok else "failed", "output cut" if truncated else "")
+            detail = "output cut" if truncated else self.finished_detail
+            self.set_status("done" if ok else "failed", detail)
         diff_text = data.get("diff") if isinstance(data.get("diff"), str) else ""
         self.output = _output_without_diff(output, diff_text)
         if self.output:
