@@ -51,6 +51,7 @@ class ApprovalRequest:
     request: str  # what the call would do
     reason: str  # why the policy asks
     arguments: dict[str, Any] = field(default_factory=dict)
+    parent_id: str = ""  # a subagent's call: the id of the `task` call that started it
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from agent.core.events import (
 from agent.core.loop import Agent
 from agent.core.subagents.arguments import TaskArgs
 from agent.core.subagents.child_context import ChildContext
-from agent.core.tool_runner import ToolRunner
+from agent.core.tool_runner import ApprovalAnswer, ApprovalCallback, ApprovalRequest, ToolRunner
 from tools import ApprovalMode, Registry, ToolContext, ToolResult
 
 # A child is a side task: it gets fewer turns than a whole session may take.
@@ -83,7 +83,7 @@ def build_child(parent: Agent, call_id: str, args: TaskArgs, ctx: ToolContext) -
         child_ctx,
         policy,
         emitter,
-        approve=parent.tools.approve,
+        approve=_asking_as_child(parent.tools.approve, call_id),
         checkpoints=None,  # the parent took one before a write task (its effect is a write)
         hooks=hooks,
     )
@@ -93,6 +93,18 @@ def build_child(parent: Agent, call_id: str, args: TaskArgs, ctx: ToolContext) -
     return Agent(
         parent.client, ChildContext(parent.context), runner, emitter, Conversation(), settings
     )
+
+
+def _asking_as_child(approve: ApprovalCallback | None, call_id: str) -> ApprovalCallback | None:
+    """The parent's way of asking, with each request marked as this child's, so a front
+    end can show it under the `task` call."""
+    if approve is None:
+        return None
+
+    async def ask(request: ApprovalRequest) -> ApprovalAnswer | None:
+        return await approve(dataclasses.replace(request, parent_id=call_id))
+
+    return ask
 
 
 async def _interrupt_with_parent(child: Agent, parent_cancel: threading.Event) -> None:

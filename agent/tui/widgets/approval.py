@@ -57,6 +57,8 @@ class ApprovalPrompt(VerticalGroup, can_focus=True):
 
     def compose(self) -> ComposeResult:
         question = Text()
+        if self.request.parent_id:
+            question.append("Subagent: ", style="italic")
         question.append(self.request.request, style="bold")
         question.append(" — allow?")
         question.append(f"  ({self.request.reason})", style="dim")

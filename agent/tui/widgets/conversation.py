@@ -373,7 +373,8 @@ class ConversationView(VerticalScroll):
 
     async def ask(self, request: ApprovalRequest, preview: Preview) -> ApprovalPrompt:
         prompt = ApprovalPrompt(request, preview)
-        block = self._tools.get(request.call_id)
+        # A subagent's call has no block of its own: it asks inside its task call's.
+        block = self._tools.get(request.call_id) or self._tools.get(request.parent_id)
         if block is not None:
             block.collapsed = False
             await block.add(prompt)

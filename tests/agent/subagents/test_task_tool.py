@@ -199,3 +199,32 @@ def test_a_guard_hook_holds_for_a_childs_calls(repo):
     assert told["role"] == "tool" and "no reads" in told["content"]
     inner = [e["event"] for e in result.of_type("subagent")]
     assert [e["outcome"] for e in inner if e["type"] == "hook"] == ["blocked"]
+
+
+def test_a_childs_approvals_name_its_task_call(repo):
+    from agent.core.tool_runner import ApprovalAnswer
+
+    task = call("task", description="add a file", prompt="Create new.txt.", write=True)
+    child_write = call("write", path="new.txt", content="x\n")
+    script = [Reply("", [task]), Reply("", [child_write]), Reply("Created."), Reply("Done.")]
+    asked = []
+
+    async def approve(request):
+        asked.append(request)
+        return ApprovalAnswer(True)
+
+    async def scenario():
+        with ScriptedServer(script) as server:
+            events: list[Event] = []
+            runtime = await open_runtime(
+                RuntimeOptions(attach=server.url, approval=ApprovalMode.ASK),
+                [events.append],
+                approve,
+            )
+            outcome = await runtime.agent.run_task("make a file")
+            await runtime.close()
+            return outcome
+
+    outcome = asyncio.run(scenario())
+    assert outcome.reason == "done" and (repo / "new.txt").read_text() == "x\n"
+    assert [(r.tool, r.parent_id) for r in asked] == [("task", ""), ("write", asked[0].call_id)]

@@ -84,3 +84,31 @@ def test_subagent_block_unfolded(snap_compare, tmp_path):
 
     app = replay_app(SUBAGENT, tmp=tmp_path)
     assert snap_compare(app, terminal_size=SIZE, run_before=unfold)
+
+
+def test_a_childs_approval_is_asked_inside_its_task_block(tmp_path):
+    from agent.core.tool_runner import ApprovalRequest
+    from agent.tui.widgets.approval import ApprovalPrompt
+
+    asking = SUBAGENT[: SUBAGENT.index(next(e for e in SUBAGENT if e.type == "subagent"))]
+    request = ApprovalRequest(
+        call_id="c9",  # the child's call: the parent's conversation has no block for it
+        tool="write",
+        request="Write notes.txt",
+        reason="ask mode asks before changing files",
+        parent_id="call_1",
+    )
+
+    async def scenario():
+        app = replay_app(asking, tmp=tmp_path)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.ready and app.query(ToolBlock))
+            prompt = await app.conversation.ask(request, None)
+            await pilot.pause(0.1)
+            block = next(b for b in app.query(ToolBlock) if b.tool_name == "task")
+            question = str(prompt.query_one(".question").render())
+            return prompt in block.query(ApprovalPrompt), block.collapsed, question
+
+    inside, collapsed, question = asyncio.run(scenario())
+    assert inside and not collapsed
+    assert question.startswith("Subagent: Write notes.txt")
