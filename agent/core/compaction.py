@@ -41,12 +41,19 @@ async def write_summary(client: LLMClient, request: ChatRequest) -> str:
     return summary
 
 
-def compacted_conversation(summary: str) -> list[Message]:
-    return [{"role": "user", "content": prompts.load("compacted", summary=summary)}]
+def compacted_conversation(summary: str, kept: str = "") -> list[Message]:
+    """The summary as the conversation's one message; `kept`: state the model keeps
+    through a compaction (its todo list), after the summary."""
+    content = prompts.load("compacted", summary=summary)
+    if kept:
+        content = f"{content.rstrip()}\n\n{kept}"
+    return [{"role": "user", "content": content}]
 
 
-async def compact(client: LLMClient, context: ResidentContext, conversation: Conversation) -> str:
+async def compact(
+    client: LLMClient, context: ResidentContext, conversation: Conversation, kept: str = ""
+) -> str:
     """Replace the conversation with the model's summary of it; returns the summary."""
     summary = await write_summary(client, compaction_request(context, conversation.messages))
-    conversation.replace(compacted_conversation(summary))
+    conversation.replace(compacted_conversation(summary, kept))
     return summary

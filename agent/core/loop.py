@@ -52,6 +52,7 @@ from agent.core.events import (
 )
 from agent.core.hooks import Hooks
 from agent.core.plan_mode import proposes_plan, task_for_model
+from agent.core.todo import TodoList, todo_reminder
 from agent.core.tool_runner import ToolRunner, history_arguments
 from tools import ApprovalMode, RestoreReport
 
@@ -110,6 +111,7 @@ class Agent:
         self.emitter = emitter
         self.conversation = conversation
         self.settings = settings or AgentSettings()
+        self.todos: TodoList | None = None  # the session's todo list (runtime.py sets it)
         self._interrupted = asyncio.Event()
         self._turns_since_compaction = 1
         self._call_ids: set[str] = {
@@ -148,7 +150,7 @@ class Agent:
         before = len(self.conversation)
         tokens_before = self.context.prompt_tokens(self.conversation.messages)
         try:
-            summary = await compact(self.client, self.context, self.conversation)
+            summary = await compact(self.client, self.context, self.conversation, self._kept())
         except (ClientError, CompactionFailed) as err:
             self.emitter.emit(ErrorEvent(message=f"compaction failed: {err}", kind="compaction"))
             return False
@@ -158,6 +160,11 @@ class Agent:
         )
         self._turns_since_compaction = 0
         return True
+
+    def _kept(self) -> str:
+        """What survives a compaction besides the summary: the todo list, as the model
+        last wrote it (the panel keeps showing it, so the model must not forget it)."""
+        return todo_reminder(self.todos.items) if self.todos is not None else ""
 
     async def undo(self) -> RestoreReport | None:
         """`/undo`: files and conversation back to before the last task that changed files.

@@ -244,6 +244,7 @@ async def open_runtime(
         await hooks.session_start(resumed)
     agent = Agent(client, context, runner, emitter, conversation, options.settings)
     launcher.bind(agent)
+    agent.todos = todos
     return Runtime(
         agent=agent,
         session=session,

@@ -95,6 +95,15 @@ def describe_for_model(items: Sequence[TodoItem], changed: bool) -> str:
     return "\n".join(lines)
 
 
+def todo_reminder(items: Sequence[TodoItem]) -> str:
+    """The list for the model after a compaction, which took the calls that wrote it."""
+    if not items:
+        return ""
+    lines = [f"Your todo list ({TODO_TOOL}) as you left it, {progress(items)}:"]
+    lines += [f"[{item.status}] {item.content}" for item in items]
+    return "\n".join(lines)
+
+
 class TodoList:
     """The session's todo list. `listener` (the runtime's event emitter) hears every
     change as a `todo_updated` event; setting the list to what it already is is none."""

@@ -138,3 +138,23 @@ def test_the_progress_printer_shows_the_list_when_it_changes(repo):
     assert result.stderr.count("[todo ") == 1  # the unchanged second list prints nothing
     assert result.stderr.count(f"→ {TODO_TOOL}\n") == 2  # each call one short line
     assert "Todo list saved" not in result.stderr  # the result repeats what the list shows
+
+
+def test_a_compaction_keeps_the_list_for_the_model(repo):
+    script = [Reply("", [todo_call(SECOND)]), Reply("On it."), Reply("We fixed half of add.")]
+
+    async def scenario():
+        events: list[Event] = []
+        with ScriptedServer(script) as server:
+            runtime = await open_session(server, events, approval=ApprovalMode.READ_ONLY)
+            await runtime.agent.run_task("fix add, step by step")
+            compacted = await runtime.agent.compact()
+            messages = list(runtime.agent.conversation.messages)
+            await runtime.close()
+        return compacted, messages
+
+    compacted, messages = asyncio.run(scenario())
+    assert compacted and len(messages) == 1
+    content = messages[0]["content"]
+    assert "We fixed half of add." in content
+    assert content.endswith("1/2 done:\n[done] Read calc.py\n[in_progress] Fix add")
