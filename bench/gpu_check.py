@@ -23,6 +23,10 @@
 5. Tensor parallelism (bench/gpu_check_tp.py): the same models with TP 1, 2, 4, 8
    as far as the visible GPUs go (TP 1 only on one GPU): tokens against TP 1 and
    decode tokens/s. `--skip-tp` leaves it out; it starts only within the budget.
+6. Layer ops (bench/gpu_check_layer_ops.py), GPU only: the Triton norm (with the
+   residual add), SwiGLU and rotary kernels against TorchLayerOps on GLM-4.5 and
+   Kimi shapes at 1, 32 and 256 tokens, bit-exactness reported, both timed.
+   `--layer-ops-only` runs this part alone; `--skip-layer-ops` leaves it out.
 Prints a table last and writes JSON.
 """
 
@@ -43,6 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain checkout
 
 from bench.gpu_check_correctness import fill_random_, gqa_checks, mla_checks  # noqa: E402
+from bench.gpu_check_layer_ops import plan as layer_ops_plan  # noqa: E402
 from bench.gpu_check_quant import plan as quant_plan  # noqa: E402
 from bench.gpu_check_quant import run_quant, table_lines  # noqa: E402
 
@@ -305,6 +310,10 @@ def table(result: dict) -> str:
         )
     if "quant" in result:
         lines.extend(table_lines(result["quant"]))
+    if "layer_ops" in result:
+        from bench.gpu_check_layer_ops import table_lines as layer_ops_lines
+
+        lines.extend(layer_ops_lines(result["layer_ops"]))
     checks = result.get("correctness", [])
     bad = [c["check"] for c in checks if not c["ok"]]
     lines.append(
@@ -334,6 +343,10 @@ def main(argv: list[str] | None = None) -> int:
         "--quant-only", action="store_true", help="only the quantized-weight kernels (part 3)"
     )
     parser.add_argument(
+        "--layer-ops-only", action="store_true", help="only the layer-op kernels (part 6, GPU)"
+    )
+    parser.add_argument("--skip-layer-ops", action="store_true", help="no layer-op kernels")
+    parser.add_argument(
         "--budget-s", type=float, default=400.0, help="no e2e run starts after this many seconds"
     )
     parser.add_argument("--quick", action="store_true", help="bench/gpu_check_quick.py's run")
@@ -345,12 +358,16 @@ def main(argv: list[str] | None = None) -> int:
     cfg = SMOKE if args.smoke else FULL
     mode = "smoke" if args.smoke else "full"
     if args.dry_run:
-        print(json.dumps({**plan(cfg), "quant": quant_plan(mode)}, indent=1))
+        print(json.dumps({**plan(cfg), "quant": quant_plan(mode),
+                          "layer_ops": layer_ops_plan("full")}, indent=1, default=str))  # fmt: skip
         return 0
     started = time.monotonic()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.smoke:
         parser.error("no GPU here: use --smoke (with TRITON_INTERPRET=1) or --dry-run")
+    if device.type == "cpu" and args.layer_ops_only:
+        parser.error("--layer-ops-only times the kernels on a GPU; there is none here")
+    only = args.quant_only or args.layer_ops_only  # one part alone
     import triton
 
     from engine.attention.triton import interpreting
@@ -378,23 +395,29 @@ def main(argv: list[str] | None = None) -> int:
     def timed(fn, iters: int, warmup: int) -> float:
         return timed_ms(fn, device, iters, warmup, flush)
 
-    if not args.quant_only:
+    if not only:
         exact = device.type == "cuda"
         result["correctness"] = gqa_checks(cfg, device, exact) + mla_checks(cfg, device, exact)
         result["copy_gbs"] = copy_bandwidth(cfg, device)
         result["decode"] = decode_timings(cfg, device, flush)
         result["targets"] = targets(result["decode"], result["copy_gbs"])
         result["decode_tile_sweep"] = tile_sweep(cfg, device, flush)
-    if not args.skip_quant:
+    if not (args.skip_quant or args.layer_ops_only):
         result["quant"] = run_quant(mode, device, timed)
         free_memory(device)
-    if args.skip_e2e or args.quant_only:
+    # On a GPU only: on CPU the interpreter would time numpy, and `make test` stays fast.
+    if device.type == "cuda" and not (args.skip_layer_ops or args.quant_only):
+        from bench.gpu_check_layer_ops import run_layer_ops
+
+        result["layer_ops"] = run_layer_ops("full", device, timed)
+        free_memory(device)
+    if args.skip_e2e or only:
         result["e2e"] = []
     else:
         from bench.gpu_check_e2e import run_e2e
 
         result["e2e"] = run_e2e(cfg, device, started + args.budget_s, mode)
-    if device.type == "cuda" and not (args.skip_tp or args.quant_only):
+    if device.type == "cuda" and not (args.skip_tp or only):
         if time.monotonic() - started < args.budget_s:
             from bench.gpu_check_tp import run_tp
 
@@ -406,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(table(result))
     checks = result.get("correctness", []) + result.get("quant", {}).get("checks", [])
+    checks += result.get("layer_ops", {}).get("checks", [])
     return 0 if all(c["ok"] for c in checks) else 1
 
 

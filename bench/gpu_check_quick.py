@@ -10,6 +10,7 @@ next part runs; a part that would start after the budget is marked skipped.
 3. correctness: the attention kernels against the torch backend (gpu_check_correctness)
 4. decode:      device copy bandwidth, then GQA and MLA decode at 32k, batch 1/16/64
 5. quant:       W4A16, FP8-block and the fused MoE (gpu_check_quant, fewer timing iterations)
+5b. layer_ops:  the norm, SwiGLU and rotary kernels against TorchLayerOps (gpu_check_layer_ops)
 6. e2e:         decode tokens/s of the mid-size GLM-MoE and Kimi models, FP8 and BF16 KV
 7. profile:     one GLM-MoE decode run under torch.profiler: kernel launches per step and
                 the share of the wall time the GPU was busy
@@ -162,6 +163,7 @@ def run_quick(out: str) -> int:
     run_part(result, "copy_gbs", lambda: gpu_check.copy_bandwidth(QUICK, device), deadline)
     run_part(result, "decode", lambda: gpu_check.decode_timings(QUICK, device, flush), deadline)
     run_part(result, "quant", lambda: _quant(device, timed), deadline)
+    run_part(result, "layer_ops", lambda: _layer_ops(device, timed), deadline)
     from bench.gpu_check_e2e import run_e2e
 
     run_part(result, "e2e", lambda: run_e2e(QUICK, device, deadline, "full"), deadline)
@@ -185,6 +187,13 @@ def _correctness(device) -> list[dict]:
     from bench.gpu_check_correctness import gqa_checks, mla_checks
 
     return gqa_checks(QUICK, device, True) + mla_checks(QUICK, device, True)
+
+
+def _layer_ops(device, timed) -> dict:
+    from bench.gpu_check_layer_ops import SIZES, run_layer_ops
+
+    SIZES.setdefault("quick", dict(SIZES["full"], iters=10))
+    return run_layer_ops("quick", device, timed)
 
 
 def _quant(device, timed) -> dict:

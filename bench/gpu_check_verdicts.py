@@ -138,6 +138,7 @@ def verdicts(result: dict, targets: dict | None = None) -> list[dict]:
     if targets is None:
         from bench.gpu_check_quick import TARGETS as targets
     quant = result.get("quant") if isinstance(result.get("quant"), dict) else {}
+    layer_ops = result.get("layer_ops") if isinstance(result.get("layer_ops"), dict) else {}
     correctness = result.get("correctness")
     correctness = correctness if isinstance(correctness, list) else None
     return [
@@ -145,6 +146,11 @@ def verdicts(result: dict, targets: dict | None = None) -> list[dict]:
         _passed(result, "tests", "Triton/GPU-kernel tests on CUDA"),
         _checks(correctness, "attention kernels vs torch", _reason(result, "correctness")),
         _checks(quant.get("checks"), "quantized kernels vs torch", _reason(result, "quant")),
+        _checks(
+            layer_ops.get("checks"),
+            "layer ops (norm, SwiGLU, rotary) vs torch",
+            _reason(result, "layer_ops"),
+        ),
         *attention_verdicts(result, targets),
         *gemm_verdicts(result, targets),
         *step_verdicts(result, targets),

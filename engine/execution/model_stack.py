@@ -144,6 +144,8 @@ def build_model_stack(config: EngineConfig, model_dir: Path, device: torch.devic
             cpu_kernel = wanted
     if cpu_bf16:
         _use_cpu_layer_kernels(model, fuse_decode=ranks == 1)
+    if device.type == "cuda" and not config.deterministic:
+        _use_gpu_layer_kernels(model)
     if config.deterministic:
         _enable_deterministic(model, model_config)
     pool = _build_pool(
@@ -239,6 +241,21 @@ def _use_cpu_layer_kernels(model: torch.nn.Module, fuse_decode: bool) -> None:
         model.model.decode_step = fused
     routed["fused decode"] = int(fused is not None)
     log.info("CPU layer kernels: %s", ", ".join(f"{n} {k}" for k, n in routed.items()))
+
+
+def _use_gpu_layer_kernels(model: torch.nn.Module) -> None:
+    """Norms, the residual add, SwiGLU and rotary as one Triton kernel each
+    (engine/layers/gpu_layer_ops.py); the torch ops where Triton cannot run."""
+    from engine.attention.triton import triton_available, triton_version_problem
+
+    problem = "triton is not installed" if not triton_available() else triton_version_problem()
+    if problem:
+        log.info("GPU layer kernels off (%s): norms, SwiGLU and rotary run as torch ops", problem)
+        return
+    from engine.layers.gpu_layer_ops import GPU_LAYER_OPS
+
+    routed = model.use_layer_ops(GPU_LAYER_OPS)
+    log.info("GPU layer kernels (Triton): %s", ", ".join(f"{n} {k}" for k, n in routed.items()))
 
 
 def _enable_deterministic(model: torch.nn.Module, model_config) -> None:

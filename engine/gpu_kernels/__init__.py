@@ -1,4 +1,5 @@
-"""Triton GEMM kernels for weights kept in their checkpoint's precision (issue 16, GPU side).
+"""Triton kernels: GEMMs for weights kept in their checkpoint's precision (issue 16, GPU side),
+and a decoder layer's small operators (issue 28).
 
 Importing this package does not import Triton (see engine.attention.triton for
 `triton_available()` and `interpreting()`). One kernel per module:
@@ -14,6 +15,8 @@ Importing this package does not import Triton (see engine.attention.triton for
                  epilogue), one for down (routing weight in the epilogue), then the
                  per-token sum; BF16, FP8-block and INT4 experts
 - common:        the tile loaders the three GEMMs share (one place per weight format)
+- layer_ops:     a decoder layer's small operators, one kernel each: RMSNorm (with the
+                 residual add), SwiGLU and rotary (engine/layers/gpu_layer_ops.py calls them)
 - layout:        weight kinds, format constants and input checks (no Triton import)
 
 docs/GPU_KERNELS.md describes layouts, tile choices and tolerances.

@@ -157,3 +157,41 @@ def fused_moe(shape: ModelShape, form: str, limits: EngineLimits) -> None:
                            meta(capacity // block_m, dtype=torch.int32), block_m, pairs, k)  # fmt: skip
         inter = moe_gate_up(meta(tokens, shape.hidden), blocks, experts)
         moe_down(inter, blocks, experts, meta(tokens, k, dtype=torch.float32))
+
+
+# The activation dtypes the engine serves in (engine/execution/model_stack.resolve_dtype).
+LAYER_OP_DTYPES = (torch.bfloat16, torch.float32)
+
+
+class _MetaRotary:
+    """A RotaryEmbedding's tables as the layer ops read them (layer_ops.RotaryTables)."""
+
+    def __init__(self, rotary_dim: int, interleaved: bool, positions: int):
+        self.rotary_dim, self.interleaved = rotary_dim, interleaved
+        self.cos = self.sin = meta(positions, rotary_dim // 2, dtype=torch.float32)
+
+
+def layer_ops(shape: ModelShape, dtype: torch.dtype, limits: EngineLimits) -> None:
+    """Norms (with the residual add), SwiGLU and rotary through GpuLayerOps, as the layers call
+    them: the hidden and the model's other norm widths, every rank's MLP widths, both rotary
+    layouts (the layout is the model class's choice, not the config's) on q and k views."""
+    from engine.layers.gpu_layer_ops import GPU_LAYER_OPS as ops
+
+    tokens, hidden = limits.max_tokens, shape.hidden
+    x = meta(tokens, hidden, dtype=dtype)
+    ops.rms_norm(x, meta(hidden, dtype=dtype), 1e-6)
+    ops.add_rms_norm(x, meta(tokens, hidden, dtype=dtype), meta(hidden, dtype=dtype), 1e-6)
+    for width in shape.norm_widths:
+        ops.rms_norm(meta(tokens, width, dtype=dtype), meta(width, dtype=dtype), 1e-6)
+    widths = {shape.intermediate, shape.expert_inter, shape.expert_inter * shape.shared_experts}
+    for tp in shape.tp_degrees():
+        for width in sorted(w // tp for w in widths if w and w % tp == 0):
+            ops.silu_mul(meta(tokens, 2 * width, dtype=dtype))
+    q_heads, kv_heads = shape.rank_heads(1)
+    head_dim = shape.head_dim or shape.rope_dim
+    qk = meta(tokens, q_heads + kv_heads, head_dim, dtype=dtype)
+    positions = meta(tokens, dtype=torch.long)
+    for rotary_dim in shape.rotary_dims:
+        for interleaved in (False, True):
+            rotary = _MetaRotary(rotary_dim, interleaved, shape.context)
+            ops.rope_(qk, positions, rotary, None)

@@ -147,7 +147,8 @@ def plan_launches(
     counts per rank change the tiles), the packed linear and fused-MoE
     kernels for each weight form it is served in (their tiles depend on
     rows, not on the rank's slice of a weight, so tensor parallelism adds
-    nothing to them).
+    nothing to them), and the layer ops (norms, SwiGLU, rotary) in each
+    activation dtype.
     """
     shapes = model_shapes() if shapes is None else shapes
     limits = EngineLimits.defaults() if limits is None else limits
@@ -163,6 +164,9 @@ def plan_launches(
                 recorder.label = f"{shape.name} {form} weights"
                 calls.packed_linears(shape, form, limits)
                 calls.fused_moe(shape, form, limits)
+            for dtype in calls.LAYER_OP_DTYPES:
+                recorder.label = f"{shape.name} layer ops {str(dtype).removeprefix('torch.')}"
+                calls.layer_ops(shape, dtype, limits)
 
     return record_launches(gpu, every_model)
 

@@ -43,6 +43,12 @@ class ModelShape:
     weight_forms: tuple[str, ...]  # bf16 / fp8 / int4: the forms it is served in
     int4_group: int
     context: int  # the published context limit
+    # Rows RMSNorm sees besides the hidden size (MLA's q and latent norms, GLM's q/k norms).
+    norm_widths: tuple[int, ...] = ()
+    # Rotary widths: head_dim x the config's partial_rotary_factor (MLA: qk_rope_head_dim);
+    # when the config names no factor, both model-class defaults (1.0 and 0.5).
+    rotary_dims: tuple[int, ...] = ()
+    shared_experts: int = 0  # n_shared_experts: their SwiGLU is one dense MLP that wide
 
     @property
     def widest_input(self) -> int:
@@ -98,9 +104,26 @@ def model_shapes() -> list[ModelShape]:
                 weight_forms=tuple(sorted({preset.weights, "fp8"})),
                 int4_group=_int4_group(cfg.quantization),
                 context=preset.context,
+                norm_widths=_norm_widths(cfg, mla),
+                rotary_dims=_rotary_dims(cfg, mla),
+                shared_experts=int(cfg.get("n_shared_experts") or 0) if experts else 0,
             )
         )
     return shapes
+
+
+def _norm_widths(cfg, mla: bool) -> tuple[int, ...]:
+    if mla:
+        return tuple(w for w in (cfg.get("q_lora_rank"), cfg.get("kv_lora_rank")) if w)
+    return (cfg.head_dim,) if cfg.get("use_qk_norm") else ()
+
+
+def _rotary_dims(cfg, mla: bool) -> tuple[int, ...]:
+    if mla:
+        return (int(cfg.get("qk_rope_head_dim") or 0),)
+    factor = cfg.rope.get("partial_rotary_factor")
+    factors = (1.0, 0.5) if factor is None else (float(factor),)
+    return tuple(sorted({int(cfg.head_dim * f) for f in factors}))
 
 
 @dataclass(frozen=True)

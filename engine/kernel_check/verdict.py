@@ -3,11 +3,12 @@
 A launch fails when it does not compile, when it asks for more shared
 memory than one block may have on the GPU, or when it spills registers to
 local memory in a kernel that must not: decode attention (the merge
-included), MLA decode, W4A16, FP8-block and fused MoE are the decode path's
-bandwidth-bound kernels, where a spill is a round trip to memory inside the
-loop that should only stream weights or KV pages. Elsewhere a spill is
-reported, not failed. A `*_kernel` in the kernel packages that no planned
-launch reaches fails too: it would be a kernel nothing checks.
+included), MLA decode, W4A16, FP8-block, fused MoE and the layer ops (norms,
+SwiGLU, rotary) are the decode path's bandwidth-bound kernels, where a spill
+is a round trip to memory inside the loop that should only stream weights,
+KV pages or activations. Elsewhere a spill is reported, not failed. A
+`*_kernel` in the kernel packages that no planned launch reaches fails too:
+it would be a kernel nothing checks.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ SPILL_FREE_MODULES = {
     "engine.gpu_kernels.w4a16": "W4A16 GEMM",
     "engine.gpu_kernels.fp8_block_gemm": "FP8-block GEMM",
     "engine.gpu_kernels.fused_moe": "fused MoE",
+    "engine.gpu_kernels.layer_ops": "a layer op (norm, SwiGLU, rotary)",
 }
 USED_BY_KEPT = 8  # deployments listed per row in the JSON (the count is always there)
 

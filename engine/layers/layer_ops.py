@@ -8,6 +8,8 @@ embedding and the K/V Hadamard rotation each call `self.ops.<op>(...)`:
 - `CpuLayerOps`: one C call per operator (engine/cpu_kernels/layer_ops.c)
   where the tensors are BF16 on the CPU in a layout the kernels take, with
   the same rounding points; any other call goes to the torch reference.
+- `GpuLayerOps` (engine/layers/gpu_layer_ops.py): one Triton kernel per
+  operator for CUDA tensors (engine/gpu_kernels/layer_ops.py), likewise.
 
 A decode step of a small model on CPU spends as much time in these operators,
 several tiny torch calls each, as in its weight products; the C versions make

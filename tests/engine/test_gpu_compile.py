@@ -71,7 +71,8 @@ def test_every_engine_kernel_compiles_for_hopper_without_spills(tmp_path):
     assert {r["kernel"] for r in hopper} >= {
         "_gqa_decode_split_kernel", "_merge_splits_kernel", "_mla_decode_split_kernel",
         "_prefill_kernel", "_write_pair_kernel", "_act_quant_kernel", "_w4a16_kernel",
-        "_fp8_block_kernel", "_moe_gemm_kernel",
+        "_fp8_block_kernel", "_moe_gemm_kernel", "_rms_norm_kernel", "_silu_mul_kernel",
+        "_rope_kernel",
     }  # fmt: skip
     assert all(r["registers"] > 0 and r["shared"] <= H200.shared_limit for r in hopper)
     # The deployments planned: every model family, KV dtype and weight form.

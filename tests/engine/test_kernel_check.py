@@ -30,6 +30,16 @@ def test_every_supported_family_is_planned_with_its_published_shape():
     assert kimi.rank_heads(8) == (8, 1)
 
 
+def test_the_layer_ops_widths_come_from_the_configs():
+    """Norm rows besides the hidden size, rotary widths and shared experts, per family."""
+    shapes = {s.name: s for s in model_shapes()}
+    kimi, glm45, smollm = shapes["kimi-k2"], shapes["glm-4.5"], shapes["smollm2-135m"]
+    assert (kimi.norm_widths, kimi.rotary_dims, kimi.shared_experts) == ((1536, 512), (64,), 1)
+    assert (glm45.norm_widths, glm45.rotary_dims) == ((128,), (64,))  # q/k norms, factor 0.5
+    assert shapes["glm-4.5-air"].norm_widths == ()  # no q/k norms
+    assert smollm.rotary_dims == (32, 64) and smollm.shared_experts == 0  # no factor: both
+
+
 def test_defaults_come_from_the_engine_config():
     limits = EngineLimits.defaults()
     assert (limits.page_size, limits.max_batch, limits.max_tokens) == (16, 64, 2048)

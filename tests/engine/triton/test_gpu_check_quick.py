@@ -60,6 +60,7 @@ def _result() -> dict:
         "copy_gbs": 4237.0,
         "decode": decode,
         "quant": {"checks": [{"check": "w4a16", "ok": False}], "timings": timings},
+        "layer_ops": {"checks": [{"check": "rope glm-4.5 1 rows", "ok": True, "exact": True}]},
         "e2e": [
             dict(model="glm4_moe", backend="triton", kv="fp8_e4m3", decode_tok_s=5200.0),
             dict(model="glm4_moe", backend="triton", kv="bf16", decode_tok_s=5000.0),
@@ -75,6 +76,7 @@ def test_each_target_is_met_not_met_or_not_measured_with_its_reason():
     assert met["Triton/GPU-kernel tests on CUDA"] is None
     assert rows["Triton/GPU-kernel tests on CUDA"]["note"] == "skipped: time budget"
     assert met["quantized kernels vs torch"] is False
+    assert met["layer ops (norm, SwiGLU, rotary) vs torch"] is True
     assert met["GQA decode 32k, batch >= 16: FP8 vs BF16"] is True  # 1.8 and 1.9 >= 1.7
     assert met["GQA decode 32k, batch >= 16: FP8 share of copy"] is True  # 3300 / 4237 = 0.78
     assert met["GQA decode 32k, batch 1: FP8 share of copy"] is True  # 0.59
@@ -93,7 +95,7 @@ def test_each_target_is_met_not_met_or_not_measured_with_its_reason():
 def test_the_table_ends_with_the_count():
     text = verdict_table(_result()).splitlines()
     assert text[0] == "gpu_check --quick on NVIDIA H200, 301 s"
-    assert text[-1] == "targets: 11 met, 3 not met, 3 not measured"
+    assert text[-1] == "targets: 12 met, 3 not met, 3 not measured"
     assert any("NOT MET" in line and "GPU busy" in line for line in text)
 
 
