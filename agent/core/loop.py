@@ -174,6 +174,8 @@ class Agent:
             return None
         report, history_length = undone
         self.conversation.truncate(history_length)
+        if self.todos is not None:
+            self.todos.back_to(history_length)
         self._new_epoch()
         return report
 
@@ -189,6 +191,8 @@ class Agent:
         self._interrupted.clear()
         self.tools.start_task()
         start_length = len(self.conversation)
+        if self.todos is not None:
+            self.todos.mark_task_start(start_length)
         mode = self.approval_mode
         self.emitter.emit(UserMessage(text=task if shown is None else shown))
         # In plan mode the model's copy carries the plan-mode instruction (plan_mode.py).

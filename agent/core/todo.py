@@ -111,6 +111,19 @@ class TodoList:
     def __init__(self, listener: TodoListener | None = None) -> None:
         self.listener = listener
         self._items: list[TodoItem] = []
+        # The list as each task of this process found it, by the conversation's length
+        # then: `/undo` goes back to before a task, and the list goes back with it.
+        self._at_task_start: dict[int, list[TodoItem]] = {}
+
+    def mark_task_start(self, history_length: int) -> None:
+        self._at_task_start[history_length] = self.items
+
+    def back_to(self, history_length: int) -> None:
+        """The list as it was when the task that began at `history_length` started
+        (`/undo`); unchanged when that task ran before this process (a resumed session)."""
+        if history_length in self._at_task_start:
+            self.replace(self._at_task_start[history_length])
+        self._at_task_start = {k: v for k, v in self._at_task_start.items() if k < history_length}
 
     @property
     def items(self) -> list[TodoItem]:

@@ -158,3 +158,29 @@ def test_a_compaction_keeps_the_list_for_the_model(repo):
     content = messages[0]["content"]
     assert "We fixed half of add." in content
     assert content.endswith("1/2 done:\n[done] Read calc.py\n[in_progress] Fix add")
+
+
+def test_undo_takes_the_list_back_with_the_files(repo):
+    edit = call("edit", path="calc.py", old_string="return a - b", new_string="return a + b")
+    script = [
+        Reply("", [todo_call(FIRST)]),
+        Reply("Planned."),
+        Reply("", [todo_call(SECOND), edit]),
+        Reply("Fixed."),
+    ]
+
+    async def scenario():
+        events: list[Event] = []
+        with ScriptedServer(script) as server:
+            runtime = await open_session(server, events, approval=ApprovalMode.AUTO_EDIT)
+            await runtime.agent.run_task("plan it")  # writes the list, changes no file
+            await runtime.agent.run_task("now fix add")  # updates the list and edits
+            report = await runtime.agent.undo()
+            after = [item.model_dump() for item in runtime.todos.items]
+            await runtime.close()
+        return report, after, events
+
+    report, after, events = asyncio.run(scenario())
+    assert "calc.py" in report.written and "return a - b" in (repo / "calc.py").read_text()
+    assert after == FIRST  # the list as the undone task found it
+    assert dumped([e for e in events if e.type == "todo_updated"][-1]) == FIRST
