@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.process.group import leader_exited, read_available, signal_group
 from tools.process.limits import (
     Limits,
     PidsCgroup,
@@ -57,14 +58,6 @@ class ProcessOutcome:
     @property
     def succeeded(self) -> bool:
         return self.exit_code == 0 and not self.timed_out and not self.cancelled
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
 
 
 def run_process(
@@ -120,7 +113,7 @@ def _run(argv, cwd, env, timeout_s, output_limit, cancel_event, kill_grace_s, pr
     try:
         while True:
             end_of_output = any(
-                not _read_available(stream, buffer) for _ in selector.select(_POLL_S)
+                not read_available(stream, buffer) for _ in selector.select(_POLL_S)
             )
             if end_of_output:
                 break  # every writer is gone; the leader may still be running
@@ -131,15 +124,15 @@ def _run(argv, cwd, env, timeout_s, output_limit, cancel_event, kill_grace_s, pr
                 elif cancel_event is not None and cancel_event.is_set():
                     cancelled = True
                 if timed_out or cancelled:
-                    _signal_group(pgid, signal.SIGTERM)
+                    signal_group(pgid, signal.SIGTERM)
                     term_sent_at = now
-                elif _exited(process):
+                elif leader_exited(process):
                     # Done, but something it started holds the pipe: that goes now.
-                    _signal_group(pgid, signal.SIGKILL)
+                    signal_group(pgid, signal.SIGKILL)
                     term_sent_at = now - kill_grace_s
             elif now - term_sent_at >= kill_grace_s:
-                _signal_group(pgid, signal.SIGKILL)
-                if _exited(process):
+                signal_group(pgid, signal.SIGKILL)
+                if leader_exited(process):
                     if drain_until is None:
                         drain_until = now + _DRAIN_S
                     elif now >= drain_until:
@@ -147,12 +140,12 @@ def _run(argv, cwd, env, timeout_s, output_limit, cancel_event, kill_grace_s, pr
         if term_sent_at is None:
             timed_out, cancelled = _wait_for_leader(process, deadline, cancel_event)
             if timed_out or cancelled:
-                _signal_group(pgid, signal.SIGTERM)
+                signal_group(pgid, signal.SIGTERM)
                 _wait_for_leader(process, time.monotonic() + kill_grace_s, None)
     finally:
         # The leader is not reaped before this, so its group id cannot have been
         # reused: signalling the group reaches only what the command started.
-        _signal_group(pgid, signal.SIGKILL)
+        signal_group(pgid, signal.SIGKILL)
         process.wait()
         selector.close()
         stream.close()
@@ -169,40 +162,15 @@ def _run(argv, cwd, env, timeout_s, output_limit, cancel_event, kill_grace_s, pr
     )
 
 
-def _exited(process: subprocess.Popen) -> bool:
-    """Whether the leader has exited, without reaping it (WNOWAIT): an unreaped
-    leader keeps its process group id reserved."""
-    if process.returncode is not None:
-        return True
-    try:
-        return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
 def _wait_for_leader(
     process: subprocess.Popen, deadline: float, cancel_event: threading.Event | None
 ) -> tuple[bool, bool]:
     """Wait for the leader after its output closed: (timed out, cancelled)."""
     while True:
-        if _exited(process):
+        if leader_exited(process):
             return False, False
         time.sleep(0.005)
         if time.monotonic() >= deadline:
             return True, False
         if cancel_event is not None and cancel_event.is_set():
             return False, True
-
-
-def _read_available(stream, buffer: HeadTailBuffer, max_chunks: int = 64) -> bool:
-    """Read what the pipe holds now (bounded, so a flood cannot starve the timeout
-    checks); False at end of file."""
-    for _ in range(max_chunks):
-        try:
-            chunk = os.read(stream.fileno(), 1 << 16)
-        except BlockingIOError:
-            return True
-        if not chunk:
-            return False
-        buffer.feed(chunk)
-    return True

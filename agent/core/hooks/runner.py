@@ -30,6 +30,7 @@ from pathlib import Path
 
 from agent.core.hooks.config import Hook
 from tools.process.environment import command_environment
+from tools.process.group import leader_exited, read_available, signal_group
 from tools.process.output_cap import HeadTailBuffer
 from tools.sandbox.bubblewrap import Sandbox, SandboxError, SandboxGrant, SandboxSettings
 
@@ -163,7 +164,7 @@ def run_hook_process(
         timed_out, cancelled = _supervise(process, io, started + timeout_s, cancel, kill_grace_s)
     finally:
         # The leader is not reaped yet, so its group id is still its own.
-        _signal_group(process.pid, signal.SIGKILL)
+        signal_group(process.pid, signal.SIGKILL)
         process.wait()
         io.close()
     code = process.returncode
@@ -187,7 +188,7 @@ def _supervise(process, io: _Pipes, deadline, cancel, kill_grace_s) -> tuple[boo
     while True:
         io.pump(_POLL_S)
         now = time.monotonic()
-        exited = _exited(process)
+        exited = leader_exited(process)
         if exited and exited_at is None:
             exited_at = now
         if exited and (io.drained or now - exited_at >= LEFTOVER_S):
@@ -198,10 +199,10 @@ def _supervise(process, io: _Pipes, deadline, cancel, kill_grace_s) -> tuple[boo
             elif cancel is not None and cancel.is_set():
                 cancelled = True
             if timed_out or cancelled:
-                _signal_group(process.pid, signal.SIGTERM)
+                signal_group(process.pid, signal.SIGTERM)
                 term_sent_at = now
         elif now - term_sent_at >= kill_grace_s:
-            _signal_group(process.pid, signal.SIGKILL)
+            signal_group(process.pid, signal.SIGKILL)
 
 
 class _Pipes:
@@ -234,7 +235,7 @@ class _Pipes:
         for key, _ in self.selector.select(timeout):
             if key.fileobj is self.stdin:
                 self._write()
-            elif not _read_some(key.fileobj, key.data):
+            elif not read_available(key.fileobj, key.data, max_chunks=16):
                 self.selector.unregister(key.fileobj)
                 self.reading -= 1
 
@@ -261,34 +262,3 @@ class _Pipes:
         self._close_stdin()
         for stream in self._streams:
             stream.close()
-
-
-def _read_some(stream, buffer: HeadTailBuffer, max_chunks: int = 16) -> bool:
-    """Read what the pipe holds now (bounded, so a flood cannot starve the timeout
-    checks); False at end of file."""
-    for _ in range(max_chunks):
-        try:
-            chunk = os.read(stream.fileno(), _CHUNK)
-        except BlockingIOError:
-            return True
-        if not chunk:
-            return False
-        buffer.feed(chunk)
-    return True
-
-
-def _exited(process: subprocess.Popen) -> bool:
-    """Whether the leader has exited, without reaping it (WNOWAIT)."""
-    if process.returncode is not None:
-        return True
-    try:
-        return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
