@@ -14,7 +14,10 @@ synchronisation per MoE layer would stall decode): `capacity` is the bound
 adds at most BLOCK_M - 1 padding), rounded up to whole blocks, and blocks
 past the experts' total get expert -1 and return at once. An expert with no
 pairs gets no block. Within an expert pairs keep their order (a stable
-sort), so the result does not depend on the sort's implementation.
+sort), so the result does not depend on the sort's implementation. The
+per-expert counts are binary searches in the sorted keys, not torch.bincount
+(which on CUDA reads its output size back); tests/engine/gpu_kernels/
+test_moe_sync_free.py runs the step under engine.testing.capture_hazards.
 
 Ids outside [0, E) (negative ids: an expert another expert-parallel rank
 holds) get no block: their pairs contribute nothing. Checking ids against E
@@ -61,15 +64,17 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeBloc
     flat = topk_ids.reshape(-1).long()
     # Expert E stands for "not here": it sorts last and gets no block.
     keyed = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)
-    counts = torch.bincount(keyed, minlength=num_experts + 1)
+    experts_sorted, order = torch.sort(keyed, stable=True)
+    # Each expert's run in the sorted keys, found by binary search: the counts without
+    # torch.bincount, which on CUDA reads its output size back to the host.
+    expert_range = torch.arange(num_experts + 1, device=device)
+    firsts = torch.searchsorted(experts_sorted, expert_range)  # where each run begins
+    counts = torch.searchsorted(experts_sorted, expert_range, right=True) - firsts
     padded = (counts + block_m - 1) // block_m * block_m
     padded[num_experts] = 0
     ends = padded.cumsum(0)
     starts = ends - padded
-    firsts = counts.cumsum(0) - counts  # where each expert's run begins in the sorted order
 
-    order = torch.sort(keyed, stable=True).indices
-    experts_sorted = keyed[order]
     ranks = torch.arange(pairs, device=device) - firsts[experts_sorted]
     capacity = moe_capacity(pairs, num_experts, block_m)
     # Dropped pairs are written to one spare slot past the end, then cut off

@@ -47,6 +47,16 @@ def is_local_expert_tensor(name: str) -> bool:
     return match is None or is_local_expert(int(match.group(1)))
 
 
+def _fused_kernel_runs_on(x: torch.Tensor) -> bool:
+    """On a GPU, or on CPU tensors under Triton's interpreter (how tests run the GPU path;
+    the experts are stacked for it only when a caller asked, see use_fused_kernel)."""
+    if x.is_cuda:
+        return True
+    from engine.gpu_kernels.common import interpreting
+
+    return interpreting()
+
+
 class TopKRouter(nn.Module):
     def __init__(self, hidden_size: int, routing: RoutingConfig):
         super().__init__()
@@ -106,7 +116,7 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = self.gate(x)
-        if self.fused is not None and x.is_cuda:
+        if self.fused is not None and _fused_kernel_runs_on(x):
             from engine.gpu_kernels.fused_moe import fused_moe
 
             local_ids = self.local_index[expert_ids]
