@@ -6,6 +6,15 @@ and MLA `[slots, latent_dim]`, FP8 as uint8 bytes of float8_e4m3fn (DESIGN.md
 sequence's context is described by a page table (one int32 per page) instead
 of one slot per token, and a kernel finds position p at
 `table[p // page_size] * page_size + p % page_size`.
+
+Split-K decode: the host plans the number of splits S (the grid's last
+dimension) once per step from `StepTables.max_seq_len` (`plan_splits`);
+each program then sizes its sequence's splits from that sequence's own
+length (`split_range`). The CUDA-graph runner captures one grid per batch
+bucket with max_seq_len set to the pool's capacity, so S is fixed for the
+graph while every sequence still spreads its own context over up to S
+programs; eager steps plan S from the longest sequence and get the layout
+`plan_splits` chose for it.
 """
 
 from __future__ import annotations
@@ -108,6 +117,40 @@ def step_tables(meta, page_size: int) -> StepTables:
     return tables
 
 
+def min_split_tokens(block_n: int) -> int:
+    """The smallest split worth its merge, in whole tiles: MIN_SPLIT_TOKENS, at least one tile."""
+    return max(MIN_SPLIT_TOKENS, block_n)
+
+
+@triton.jit
+def split_range(
+    seq_len, split, num_splits, fixed_split, BLOCK_N: tl.constexpr, MIN_SPLIT: tl.constexpr
+):
+    """[start, end) of split `split` of a sequence of `seq_len` tokens, in a grid of `num_splits`.
+
+    The sequence uses min(num_splits, ceil(seq_len / MIN_SPLIT)) splits of
+    equal whole-tile size (`plan_splits`' rule with the grid's split count in
+    place of the GPU-filling one), so a grid planned for a longer context
+    (a CUDA graph's capacity) still spreads a short sequence over several
+    programs, and splits past its end are empty (start >= end). A
+    `fixed_split` > 0 overrides the size for every sequence (tests, benchmarks).
+    Mirrored on the host by `sequence_split_tokens`.
+    """
+    used = tl.maximum(tl.minimum(num_splits, tl.cdiv(seq_len, MIN_SPLIT)), 1)
+    per = tl.maximum(tl.cdiv(tl.cdiv(seq_len, used), BLOCK_N) * BLOCK_N, BLOCK_N)
+    per = tl.where(fixed_split > 0, fixed_split, per)
+    start = split * per
+    return start, tl.minimum(start + per, seq_len)
+
+
+def sequence_split_tokens(length: int, num_splits: int, block_n: int, fixed_split: int = 0) -> int:
+    """Tokens per split `split_range` gives a sequence of `length` in a grid of `num_splits`."""
+    if fixed_split > 0:
+        return fixed_split
+    used = max(min(num_splits, triton.cdiv(length, min_split_tokens(block_n))), 1)
+    return max(triton.cdiv(triton.cdiv(length, used), block_n) * block_n, block_n)
+
+
 def plan_splits(
     programs: int, max_len: int, block_n: int, num_sms: int, split_tokens: int | None = None
 ) -> tuple[int, int]:
@@ -118,13 +161,20 @@ def plan_splits(
     until the GPU has about PROGRAMS_PER_SM programs per SM; each split covers
     a whole number of BLOCK_N tiles and at least MIN_SPLIT_TOKENS tokens.
     `split_tokens` fixes the split size instead (rounded up to whole tiles).
+    The split count is the launch grid's; the kernels size each sequence's
+    splits themselves (`split_range`), so the size returned here is what the
+    longest sequence gets at most, and the one `split_tokens` fixes.
     """
     max_len = max(max_len, 1)
     if split_tokens is not None:
+        if split_tokens <= 0:
+            raise ValueError(
+                f"split_tokens must be a positive number of tokens, not {split_tokens}"
+            )
         per_split = split_tokens
     else:
         wanted = max(1, -(-PROGRAMS_PER_SM * num_sms // max(programs, 1)))
-        most = max(1, -(-max_len // max(MIN_SPLIT_TOKENS, block_n)))
+        most = max(1, -(-max_len // min_split_tokens(block_n)))
         per_split = -(-max_len // min(wanted, most))
     per_split = -(-per_split // block_n) * block_n
     return -(-max_len // per_split), per_split

@@ -7,8 +7,20 @@ scale multiplies the fp32 scores and the V scale the output, never the
 stored values. Long contexts with a small batch would leave most of the GPU
 idle, so the context is cut into splits (flash-decoding): each program
 writes its split's normalised output and log-sum-exp, and `merge_splits`
-combines them. Split sizes come from `plan_splits`; the merge is shared with
-MLA decode.
+combines them. The merge is shared with MLA decode.
+
+Split sizes are decided in two places, so decode can be captured as a CUDA
+graph. The host plans only the split count S, the grid's last dimension,
+with `plan_splits` from `tables.max_seq_len`: eager steps pass the longest
+sequence, the graph runner the pool's capacity, which fixes the grid per
+batch bucket. Each program then cuts its own sequence into up to S
+whole-tile splits of equal size (`split_range`), so in a capacity-planned
+grid a short sequence still spreads over several programs instead of
+filling one, and an eager step gives the longest sequence the layout
+`plan_splits` chose. Pad rows (seq_len 0, as a graph bucket is padded)
+read nothing and come out as zeros. Given the tables, launching reads no
+device tensor on the host (no .item(), no synchronisation), which graph
+capture requires.
 """
 
 from __future__ import annotations
@@ -23,7 +35,9 @@ from engine.attention.triton.common import (
     block_size,
     dot_config,
     load_as,
+    min_split_tokens,
     plan_splits,
+    split_range,
 )
 from engine.attention.triton.target import sm_count
 
@@ -42,7 +56,7 @@ def _gqa_decode_split_kernel(
     part_out_ptr,
     part_lse_ptr,
     qk_scale,
-    split_size,
+    fixed_split,
     stride_qt,
     stride_qh,
     stride_slot,
@@ -60,6 +74,7 @@ def _gqa_decode_split_kernel(
     BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,
     IS_FP8: tl.constexpr,
     DOT: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -68,8 +83,8 @@ def _gqa_decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    start = split * split_size
-    end = tl.minimum(start + split_size, seq_len)
+    # This sequence's own split of the grid's tl.num_programs(2) (empty past its end).
+    start, end = split_range(seq_len, split, tl.num_programs(2), fixed_split, BLOCK_N, MIN_SPLIT)
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -105,7 +120,8 @@ def _gqa_decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v, input_precision=PRECISION)
         m_i = m_new
 
-    # A split past the end of a shorter sequence saw nothing: lse -inf, weight 0.
+    # A split past the end of its sequence (every split of a pad row) saw
+    # nothing: lse -inf, weight 0, output 0.
     seen = l_i > 0
     denom = tl.where(seen, l_i, 1.0)
     out = acc / denom[:, None] * v_scale
@@ -137,7 +153,10 @@ def _merge_splits_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
-    """out = sum_s w_s * part_s / sum_s w_s with w_s = 2^(lse_s - max lse)."""
+    """out = sum_s w_s * part_s / sum_s w_s with w_s = 2^(lse_s - max lse).
+
+    A pad row (seq_len 0) has lse -inf in every split: its output is 0, not 0/0.
+    """
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
@@ -146,7 +165,9 @@ def _merge_splits_kernel(
         mask=s < num_splits,
         other=-float("inf"),
     )
-    top = tl.max(lse, 0)  # split 0 always saw tokens, so this is finite
+    top = tl.max(lse, 0)
+    # -inf only for a row that saw no token at all; 0 keeps its weights 2^-inf = 0.
+    top = tl.where(top == float("-inf"), 0.0, top)
     total = tl.sum(tl.exp2(lse - top), 0)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < DIM
@@ -154,8 +175,10 @@ def _merge_splits_kernel(
     part = part_out_ptr + seq * stride_pb + head * stride_ph
     for split in range(0, num_splits):
         weight = tl.exp2(tl.load(part_lse_ptr + seq * stride_lb + head * stride_lh + split) - top)
-        acc += weight * tl.load(part + split * stride_ps + d, mask=d_mask, other=0.0)
-    out = acc / total
+        # Empty splits (many, in a grid planned for the capacity) weigh 0: skip their reads.
+        if weight > 0:
+            acc += weight * tl.load(part + split * stride_ps + d, mask=d_mask, other=0.0)
+    out = acc / tl.where(total > 0, total, 1.0)
     tl.store(
         out_ptr + seq * stride_ot + head * stride_oh + d,
         out.to(out_ptr.dtype.element_ty),
@@ -201,20 +224,20 @@ def split_plan(
     return plan_splits(batch * kv_heads, max_len, BLOCK_N, sm_count(device), split_tokens)
 
 
-def gqa_decode(
+def gqa_decode_splits(
     q: torch.Tensor,
     storage: torch.Tensor,
     tables: StepTables,
     k_scales: torch.Tensor,
     v_scales: torch.Tensor,
     softmax_scale: float,
-    out: torch.Tensor | None = None,
     split_tokens: int | None = None,
-) -> torch.Tensor:
-    """q [B, Hq, D] (one query per sequence) over one layer's storage [slots, 2, Hkv, D] -> [B, Hq, D].
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split kernel alone: (part_out [B, Hq, S, D], part_lse [B, Hq, S]) before the merge.
 
-    k_scales / v_scales: float32 [Hkv] dequant scales (ones for BF16 storage).
-    `split_tokens` fixes the split size (tests, benchmarks); else `plan_splits` sizes it.
+    S is planned from `tables.max_seq_len`; each sequence covers its own
+    length with up to S splits (`split_range`); lse is -inf where a split saw
+    nothing. Reads no device tensor on the host, so it can be graph-captured.
     """
     batch, q_heads, head_dim = q.shape
     kv_heads = storage.shape[2]
@@ -223,6 +246,7 @@ def gqa_decode(
     if q.stride(-1) != 1:
         q = q.contiguous()
     group = q_heads // kv_heads
+    block_n = BLOCK_N  # read once: bench/gpu_check.py sweeps the module's tile
     splits, split_size = split_plan(batch, kv_heads, tables.max_seq_len, q.device, split_tokens)
     part_out, part_lse = split_buffers(batch, q_heads, splits, head_dim, q.device)
     dot, precision = dot_config(q.dtype)
@@ -236,7 +260,7 @@ def gqa_decode(
         part_out,
         part_lse,
         softmax_scale * LOG2E,
-        split_size,
+        split_size if split_tokens is not None else 0,
         q.stride(0),
         q.stride(1),
         storage.stride(0),
@@ -253,13 +277,38 @@ def gqa_decode(
         HEAD_DIM=head_dim,
         BLOCK_D=block_size(head_dim),
         PAGE_SIZE=tables.page_size,
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=block_n,
+        MIN_SPLIT=min_split_tokens(block_n),
         IS_FP8=storage.dtype == torch.uint8,
         DOT=dot,
         PRECISION=precision,
         num_warps=NUM_WARPS,
     )
+    return part_out, part_lse
+
+
+def gqa_decode(
+    q: torch.Tensor,
+    storage: torch.Tensor,
+    tables: StepTables,
+    k_scales: torch.Tensor,
+    v_scales: torch.Tensor,
+    softmax_scale: float,
+    out: torch.Tensor | None = None,
+    split_tokens: int | None = None,
+) -> torch.Tensor:
+    """q [B, Hq, D] (one query per sequence) over one layer's storage [slots, 2, Hkv, D] -> [B, Hq, D].
+
+    k_scales / v_scales: float32 [Hkv] dequant scales (ones for BF16 storage).
+    The split count comes from `tables.max_seq_len` (the longest sequence, or
+    a CUDA graph's capacity), each sequence's split size from its own length;
+    `split_tokens` fixes the split size instead (tests, benchmarks). Rows
+    with seq_len 0 (graph padding) give zeros. No host synchronisation: the
+    launch reads only Python ints and tensor shapes, never a device value.
+    """
+    args = (q, storage, tables, k_scales, v_scales, softmax_scale, split_tokens)
+    part_out, part_lse = gqa_decode_splits(*args)
     if out is None:
-        out = torch.empty(batch, q_heads, head_dim, dtype=q.dtype, device=q.device)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     merge_splits(part_out, part_lse, out)
     return out

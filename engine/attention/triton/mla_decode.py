@@ -7,7 +7,13 @@ multi-query attention with one KV "head" per token: the 576-value latent row
 latents themselves, so the output is `latent_scale * softmax · c`, still in
 latent space; the caller applies W_UV. Each program reads its rows once for
 BLOCK_H query heads (padded to 16 for tl.dot), dequantizing FP8 in
-registers, and the context is split as in GQA decode, with the same merge.
+registers, and the context is split as in GQA decode, with the same merge:
+the host plans the split count from `tables.max_seq_len` (the longest
+sequence, or a CUDA graph's capacity, which fixes the grid per batch
+bucket) and each program sizes its sequence's splits from that sequence's
+own length (`split_range`), so a short sequence in a capacity-planned grid
+still spreads over several programs. Pad rows (seq_len 0) give zeros, and
+launching reads no device tensor on the host (graph capture allows none).
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from engine.attention.triton.common import (
     block_size,
     dot_config,
     load_as,
+    min_split_tokens,
     plan_splits,
+    split_range,
 )
 from engine.attention.triton.decode import merge_splits, split_buffers
 from engine.attention.triton.target import sm_count
@@ -48,7 +56,7 @@ def _mla_decode_split_kernel(
     qk_scale,
     latent_scale,
     rope_scale,
-    split_size,
+    fixed_split,
     stride_qb,
     stride_qh,
     stride_row,
@@ -66,6 +74,7 @@ def _mla_decode_split_kernel(
     BLOCK_R: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,
     IS_FP8: tl.constexpr,
     DOT: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -76,8 +85,8 @@ def _mla_decode_split_kernel(
     seq = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    start = split * split_size
-    end = tl.minimum(start + split_size, seq_len)
+    # This sequence's own split of the grid's tl.num_programs(2) (empty past its end).
+    start, end = split_range(seq_len, split, tl.num_programs(2), fixed_split, BLOCK_N, MIN_SPLIT)
 
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     c = tl.arange(0, BLOCK_L)
@@ -136,7 +145,7 @@ def split_plan(
     return plan_splits(programs, max_len, block_n, sm_count(device), split_tokens)
 
 
-def mla_decode(
+def mla_decode_splits(
     q: torch.Tensor,
     rows: torch.Tensor,
     tables: StepTables,
@@ -144,13 +153,13 @@ def mla_decode(
     latent_scale: float,
     rope_scale: float,
     softmax_scale: float,
-    out: torch.Tensor | None = None,
     split_tokens: int | None = None,
-) -> torch.Tensor:
-    """Absorbed queries q [B, H, lora_rank + rope_dim] over rows [slots, latent_dim] -> [B, H, lora_rank].
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split kernel alone: (part_out [B, H, S, lora_rank], part_lse [B, H, S]) before the merge.
 
-    The result is in latent space and already carries the latent scale.
-    Scales are 1.0 for BF16 rows. `split_tokens` fixes the split size (tests, benchmarks).
+    S is planned from `tables.max_seq_len`; each sequence covers its own
+    length with up to S splits (`split_range`); lse is -inf where a split saw
+    nothing. Reads no device tensor on the host, so it can be graph-captured.
     """
     batch, heads, width = q.shape
     if rows.shape[-1] != width:
@@ -173,7 +182,7 @@ def mla_decode(
         softmax_scale * LOG2E,
         float(latent_scale),
         float(rope_scale),
-        split_size,
+        split_size if split_tokens is not None else 0,
         q.stride(0),
         q.stride(1),
         rows.stride(0),
@@ -191,12 +200,41 @@ def mla_decode(
         BLOCK_R=block_size(rope_dim),
         PAGE_SIZE=tables.page_size,
         BLOCK_N=block_n,
+        MIN_SPLIT=min_split_tokens(block_n),
         IS_FP8=rows.dtype == torch.uint8,
         DOT=dot,
         PRECISION=precision,
         num_warps=num_warps,
     )
+    return part_out, part_lse
+
+
+def mla_decode(
+    q: torch.Tensor,
+    rows: torch.Tensor,
+    tables: StepTables,
+    lora_rank: int,
+    latent_scale: float,
+    rope_scale: float,
+    softmax_scale: float,
+    out: torch.Tensor | None = None,
+    split_tokens: int | None = None,
+) -> torch.Tensor:
+    """Absorbed queries q [B, H, lora_rank + rope_dim] over rows [slots, latent_dim] -> [B, H, lora_rank].
+
+    The result is in latent space and already carries the latent scale.
+    Scales are 1.0 for BF16 rows; they are Python floats, passed to the
+    kernel by value (a CUDA graph keeps the ones it was captured with). The
+    split count comes from `tables.max_seq_len` (the longest sequence, or a
+    graph's capacity), each sequence's split size from its own length;
+    `split_tokens` fixes the split size instead (tests, benchmarks). Rows
+    with seq_len 0 (graph padding) give zeros. No host synchronisation: the
+    launch reads only Python numbers and tensor shapes, never a device value.
+    """
+    args = (q, rows, tables, lora_rank, latent_scale, rope_scale, softmax_scale, split_tokens)
+    part_out, part_lse = mla_decode_splits(*args)
     if out is None:
+        batch, heads, _ = q.shape
         out = torch.empty(batch, heads, lora_rank, dtype=q.dtype, device=q.device)
     merge_splits(part_out, part_lse, out)
     return out
