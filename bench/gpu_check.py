@@ -86,7 +86,7 @@ SMOKE = dict(
     e2e_batch=2,
     e2e_prompt=12,
     e2e_tokens=3,
-    e2e_runs=[("triton", "fp8_e4m3")],
+    e2e_runs=[("triton", "fp8_e4m3", False), ("triton", "fp8_e4m3", True)],
     sweep_context=40,
     sweep_tiles=[(16, 4), (32, 4)],
 )

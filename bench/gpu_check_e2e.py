@@ -2,10 +2,13 @@
 
 Each model is built once with transformers' own classes (random weights, the
 engine's tokenizer fixtures), saved to a temporary folder and served by the
-engine with the Triton backend (FP8 and BF16 KV) and the torch backend (FP8
-KV) for comparison. Decode tokens/s = batch * (n - 1) / (time for n tokens -
-time for 1 token): prefill cancels out. Failures are reported per run, never
-raised, so the kernel results of the check stand on their own.
+engine with the Triton backend (FP8 and BF16 KV; decode replayed as CUDA
+graphs, the default, and FP8 once more with them off) and the torch backend
+(FP8 KV) for comparison. Decode tokens/s = batch * (n - 1) / (time for n
+tokens - time for 1 token): prefill cancels out. A graph run's greedy tokens
+are compared with the eager run's of the same model and KV dtype (the same
+kernels and split grids, so they should be equal). Failures are reported per
+run, never raised, so the kernel results of the check stand on their own.
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ from pathlib import Path
 
 import torch
 
-RUNS = (("triton", "fp8_e4m3"), ("triton", "bf16"), ("torch", "fp8_e4m3"))
+# (attention backend, KV dtype, CUDA graphs)
+RUNS = (
+    ("triton", "fp8_e4m3", False),
+    ("triton", "fp8_e4m3", True),
+    ("triton", "bf16", True),
+    ("torch", "fp8_e4m3", False),
+)
 
 
 def _free(device) -> None:
@@ -98,12 +107,32 @@ def _decode_rate(llm, prompts: list[list[int]], n: int, device) -> dict:
         params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
         _sync(device)
         start = time.perf_counter()
-        llm.generate(prompts, params)
+        outputs = llm.generate(prompts, params)
         _sync(device)
         spent.append(time.perf_counter() - start)
     rate = len(prompts) * n / max(spent[1] - spent[0], 1e-9)
     calls = getattr(llm.engine.runner.backend, "mla_decode_calls", None)
-    return {"prefill_s": spent[0], "decode_tok_s": rate, "mla_kernel_calls": calls}
+    graphs = llm.engine.runner.graphs
+    return {
+        "prefill_s": spent[0],
+        "decode_tok_s": rate,
+        "mla_kernel_calls": calls,
+        "graph_steps": graphs.replays if graphs is not None else 0,
+        "graph_off": graphs.disabled if graphs is not None else "not set up",
+        "tokens": [o.outputs[0].token_ids for o in outputs],
+    }
+
+
+def _compare_tokens(rows: list[dict]) -> None:
+    """Mark each graph run with whether its tokens equal the eager run's (same model, KV)."""
+    eager = {(r["model"], r["kv"]): r["tokens"] for r in rows if "tokens" in r and not r["graphs"]}
+    for row in rows:
+        key = (row["model"], row["kv"])
+        if row.get("graphs") and "tokens" in row and key in eager:
+            same = sum(a == b for a, b in zip(row["tokens"], eager[key], strict=True))
+            row["tokens_equal_to_eager"] = f"{same}/{len(eager[key])} sequences"
+    for row in rows:
+        row.pop("tokens", None)
 
 
 def run_e2e(cfg, device, deadline: float, mode: str = "full") -> list[dict]:
@@ -120,8 +149,8 @@ def run_e2e(cfg, device, deadline: float, mode: str = "full") -> list[dict]:
             except Exception as err:  # report and go on: the kernel results stand alone
                 rows.append({"model": family, "error": f"build: {err!r}"[:300]})
                 continue
-            for backend, kv in cfg.get("e2e_runs", RUNS):
-                row = {"model": family, "backend": backend, "kv": kv}
+            for backend, kv, graphs in cfg.get("e2e_runs", RUNS):
+                row = {"model": family, "backend": backend, "kv": kv, "graphs": graphs}
                 if time.monotonic() > deadline:
                     rows.append({**row, "error": "skipped: time budget"})
                     continue
@@ -136,6 +165,7 @@ def run_e2e(cfg, device, deadline: float, mode: str = "full") -> list[dict]:
                         max_num_seqs=batch,
                         max_model_len=plen + n + 16,
                         kv_memory=8.0 if device.type == "cuda" else 0.05,
+                        cuda_graphs=graphs,
                     )
                     row.update(_decode_rate(llm, prompts, n, device))
                 except Exception as err:
@@ -143,4 +173,5 @@ def run_e2e(cfg, device, deadline: float, mode: str = "full") -> list[dict]:
                 rows.append(row)
                 llm = None
                 _free(device)
+    _compare_tokens(rows)
     return rows

@@ -12,8 +12,9 @@ next part runs; a part that would start after the budget is marked skipped.
 5. quant:       W4A16, FP8-block and the fused MoE (gpu_check_quant, fewer timing iterations)
 5b. layer_ops:  the norm, SwiGLU and rotary kernels against TorchLayerOps (gpu_check_layer_ops)
 6. e2e:         decode tokens/s of the mid-size GLM-MoE and Kimi models, FP8 and BF16 KV
-7. profile:     one GLM-MoE decode run under torch.profiler: kernel launches per step and
-                the share of the wall time the GPU was busy
+7. profile:     one GLM-MoE decode run under torch.profiler: host launch calls per step
+                (a replayed graph is one), kernels per step, and the share of the wall
+                time the GPU was busy
 
 `verdicts` turns the results into one row per target of the GPU-speed issue
 (issue 28) and per correctness part: met, not met, or not measured (with why).
@@ -41,7 +42,7 @@ QUICK = dict(
     decode_checks=[(8, 8, 128), (96, 8, 128), (32, 4, 64)], check_lens=[32768, 1, 20011],
     prefill=([512, 1, 300], [4608, 2001, 300]), mla_check_heads=[64],
     e2e_batch=32, e2e_prompt=2048, e2e_tokens=32,
-    e2e_runs=[("triton", "fp8_e4m3"), ("triton", "bf16")],
+    e2e_runs=[("triton", "fp8_e4m3", False), ("triton", "fp8_e4m3", True), ("triton", "bf16", True)],
 )  # fmt: skip
 # Issue 28's targets, as (name, threshold); the check functions below read them.
 TARGETS = {
@@ -108,6 +109,10 @@ def tests_part(deadline: float) -> dict:
     return _outcome(_subprocess(args, min(TESTS_CAP_S, deadline - time.monotonic())))
 
 
+HOST_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                     "cudaGraphLaunch")  # fmt: skip
+
+
 def profile_part(device) -> dict:
     """GLM-MoE decode (batch 32) under torch.profiler: launches per step, GPU-busy share."""
     import tempfile
@@ -133,9 +138,15 @@ def profile_part(device) -> dict:
             llm.generate(prompts, params)
             torch.cuda.synchronize()
             wall = time.perf_counter() - start
-    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    events = prof.events()
+    kernels = [e for e in events if e.device_type.name == "CUDA"]
     busy = sum(e.device_time_total for e in kernels) / 1e6  # microseconds -> s
-    return {"steps": steps, "launches_per_step": len(kernels) / (steps + 1),
+    # What the host issues: one call per eager kernel, one per replayed graph.
+    launches = [e for e in events if e.name in HOST_LAUNCH_CALLS]
+    graphs = sum(e.name == "cudaGraphLaunch" for e in events)
+    per_step = steps + 1
+    return {"steps": steps, "launches_per_step": len(launches) / per_step,
+            "kernels_per_step": len(kernels) / per_step, "graph_replays": graphs,
             "gpu_busy": busy / wall, "wall_s": wall, "batch": batch}  # fmt: skip
 
 

@@ -124,6 +124,12 @@ class EngineConfig(BaseModel):
         description="Batch- and cache-invariant outputs: bit-identical however requests "
         "are batched (slower).",
     )
+    # Decode steps replayed as CUDA graphs (engine/execution/decode_graphs.py).
+    cuda_graphs: bool = Field(
+        default=True,
+        description="Replay plain decode steps as CUDA graphs, one per batch-size bucket "
+        "(one GPU, Triton attention); off runs every step eagerly.",
+    )
     # CPU products with 4-/8-bit grid weights (engine/layers/cpu_grid_weights.py).
     cpu_kernel: CPUKernelName = Field(
         default="auto",

@@ -48,6 +48,10 @@ def choose_path(meta: AttentionMetadata, dims: MLADims) -> str:
     attention at width 2*lora_rank+rope. One query per sequence always
     absorbs; long prefills expand.
     """
+    if meta.decode_only:
+        # One query per sequence: cheaper absorbed at any context past one token, and the
+        # only path the decode kernel (and a replayed graph, which has no slot grid) takes.
+        return "absorbed"
     batch, queries = meta.query_index.shape
     context = meta.context_slots.shape[1]
     h, r = dims.num_heads, dims.lora_rank

@@ -450,6 +450,7 @@ class LLMEngine:
             "kv_scales": scales_in_force(self.pool, self.kv_rotation),
             "attention_backend": self.runner.backend.name,
             "cpu_kernel": self.cpu_kernel,
+            **(self.runner.graphs.describe() if self.runner.graphs is not None else {}),
             # The stepping thread's team (this runs on it): engine.host.threads.
             "compute_threads": torch.get_num_threads(),
             **({**describe_cpu(), **describe_matrix_path()} if self.device.type == "cpu" else {}),

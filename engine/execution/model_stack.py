@@ -25,6 +25,8 @@ from engine.collectives import parallel
 from engine.config import DEFAULT_CPU_KV_GIB, EngineConfig
 from engine.cpu_kernels.library import unavailable as cpu_kernels_unavailable
 from engine.errors import EngineError, KVCapacityError
+from engine.execution.decode_graphs import DecodeGraphs
+from engine.execution.decode_inputs import DecodeInputs
 from engine.execution.runner import ModelRunner
 from engine.kv.dtypes import AUTO_KV_DTYPES
 from engine.kv.pool import PagedKVPool
@@ -158,6 +160,14 @@ def build_model_stack(config: EngineConfig, model_dir: Path, device: torch.devic
         config.page_size,
         device,
     )
+    if config.cuda_graphs and ranks == 1 and _graphs_can_run(runner):
+        runner.graphs = DecodeGraphs(
+            model,
+            pool,
+            runner.backend,
+            DecodeInputs(config.max_num_seqs, max_model_len, config.page_size, device),
+            capture=True,
+        )
     return ModelStack(
         model=model,
         model_config=model_config,
@@ -256,6 +266,12 @@ def _use_gpu_layer_kernels(model: torch.nn.Module) -> None:
 
     routed = model.use_layer_ops(GPU_LAYER_OPS)
     log.info("GPU layer kernels (Triton): %s", ", ".join(f"{n} {k}" for k, n in routed.items()))
+
+
+def _graphs_can_run(runner: ModelRunner) -> bool:
+    """CUDA graphs replay decode on a GPU whose attention is the Triton backend (the
+    torch and deterministic backends build masks and tables on the host each step)."""
+    return runner.device.type == "cuda" and runner.backend.name == "triton"
 
 
 def _enable_deterministic(model: torch.nn.Module, model_config) -> None:

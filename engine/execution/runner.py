@@ -51,6 +51,9 @@ class ModelRunner:
         # reads the context once, not k+1 times, which is what a GPU with a long
         # context wants (the prefill kernels take several queries over a cached prefix).
         self.verify_as_rows = device.type == "cpu" if verify_as_rows is None else verify_as_rows
+        # Plain decode steps on fixed buffers, replayed as CUDA graphs (decode_graphs.py);
+        # set by the model stack where they run.
+        self.graphs = None
 
     def _slots(self, pages: list[int], start: int, end: int) -> torch.Tensor:
         """Cache slots of token positions [start, end) of a sequence with these pages."""
@@ -60,6 +63,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSequence], want_chunk_logits: set[int]) -> StepOutput:
+        if self.graphs is not None and self.graphs.takes(batch, want_chunk_logits):
+            logits = self.graphs.run(batch)
+            if logits is not None:
+                return StepOutput(logits, list(range(len(batch))), {})
         input_ids: list[int] = []
         positions: list[torch.Tensor] = []
         slot_mapping: list[torch.Tensor] = []

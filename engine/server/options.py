@@ -36,6 +36,7 @@ SERVE_SETTINGS: tuple[str, ...] = (
     "max_waiting",
     "kv_memory_gib",
     "deterministic",
+    "cuda_graphs",
     "max_model_len",
     "attention_backend",
     "cpu_kernel",

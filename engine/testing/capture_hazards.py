@@ -59,6 +59,8 @@ HOST_DATA = "Python data copied to the device on every call (torch.tensor(...), 
 # Operators that are hazards whatever their arguments, with the reason.
 ALWAYS: dict[object, str] = {
     aten._local_scalar_dense.default: DEVICE_READ + " (item, float, int, bool, if t)",
+    # Under torch.inference_mode (the engine's forward) item/float/int arrive undecomposed.
+    aten.item.default: DEVICE_READ + " (item, float, int under inference_mode)",
     aten.is_nonzero.default: DEVICE_READ,
     aten.equal.default: DEVICE_READ + " (a Python bool)",
     aten.allclose.default: DEVICE_READ + " (a Python bool)",

@@ -83,6 +83,18 @@ def test_each_hazard_kind_is_named_once_with_a_reason(fn, op):
     assert reason, "a hazard comes with why it is one"
 
 
+@pytest.mark.parametrize(
+    "fn", [lambda t: t.sum().item(), lambda t: float(t[1]), lambda t: int(t[1])], ids=str
+)
+def test_host_reads_are_named_under_inference_mode(fn):
+    """The engine's forward runs under inference_mode, where item/float/int reach the
+    mode as aten.item, not decomposed to _local_scalar_dense."""
+    with torch.inference_mode():
+        values = X.clone()
+        found = capture_hazards(fn, values)
+    assert len(found) == 1 and found[0].startswith("aten.item"), found
+
+
 def _device_work(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Everything a sync-free MoE step is made of: none of it reads the device back."""
     scores = (x @ x.T).softmax(dim=-1)

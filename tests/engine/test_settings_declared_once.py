@@ -86,6 +86,7 @@ def test_serve_keeps_its_flags():
         *("--max-model-len", "--attention-backend", "--cpu-kernel", "--kv-disk"),
         *("--no-kv-disk", "--kv-host-gib", "--speculative", "--tp", "--ep", "--nnodes"),
         *("--node-rank", "--master-addr", "--master-port"),
+        *("--cuda-graphs", "--no-cuda-graphs"),  # added with the CUDA-graph decode (#28)
     }
 
 

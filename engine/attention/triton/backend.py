@@ -100,16 +100,20 @@ class TritonAttentionBackend:
             cached = self._scales[key] = pool.layer_scales(layer)
         return cached
 
-    def _device_scales(self, pool, layer: int, *values: float) -> torch.Tensor | None:
-        """MLA write scales as a float32 device tensor, made once per value (no copy per step)."""
+    def _mla_layer_scales(self, pool, layer: int) -> tuple[float, float, torch.Tensor | None]:
+        """(latent scale, rope scale, both as a float32 device tensor for the write kernel),
+        cached until the pool's scale tensors change, as _layer_scales: a decode step then
+        reads nothing back from a tensor (what a CUDA-graph capture needs); None for BF16."""
         if not pool.is_fp8:
-            return None
-        key = (id(pool), layer, *values)
+            return 1.0, 1.0, None
+        latent, rope = pool.latent_scale, pool.rope_scale
+        key = (id(pool), layer, "mla", id(latent), latent._version, id(rope), rope._version)
         cached = self._scales.get(key)
         if cached is None:
             self._scales = {kk: vv for kk, vv in self._scales.items() if kk[:2] != key[:2]}
+            values = (float(latent[layer]), float(rope[layer]))
             tensor = torch.tensor(values, dtype=torch.float32).to(pool.storage.device)
-            cached = self._scales[key] = tensor
+            cached = self._scales[key] = (*values, tensor)
         return cached
 
     def forward(
@@ -161,9 +165,8 @@ class TritonAttentionBackend:
         through_pool = _needs_pool_write(pool, layer)
         if through_pool:
             pool.write(layer, latent, k_rope, meta.slot_mapping)
-        latent_scale, rope_scale = _mla_scales(pool, layer)
+        latent_scale, rope_scale, scales = self._mla_layer_scales(pool, layer)
         if not through_pool:
-            scales = self._device_scales(pool, layer, latent_scale, rope_scale)
             write_mla(storage, meta.slot_mapping, latent, k_rope, scales)
         h, r = dims.num_heads, dims.lora_rank
         per_head = kv_b_weight.view(h, dims.nope_dim + dims.v_dim, r)
@@ -176,9 +179,3 @@ class TritonAttentionBackend:
         )
         self.mla_decode_calls += 1
         return torch.einsum("thr,hvr->thv", out_latent, w_uv)
-
-
-def _mla_scales(pool, layer: int) -> tuple[float, float]:
-    if not pool.is_fp8:
-        return 1.0, 1.0
-    return float(pool.latent_scale[layer]), float(pool.rope_scale[layer])
