@@ -106,12 +106,14 @@ def _record_hazards(graphs: DecodeGraphs) -> list[str]:
     return found
 
 
-def _check_same_tokens(path, kv: str, dtype: str = "float32"):
+def _check_same_tokens(path, kv: str, dtype: str = "float32", layer_ops=None):
     def make():
         llm = LLM(
             str(path), dtype=dtype, kv_cache_dtype=kv, attention_backend="triton", kv_memory=0.01
         )
         _use_fused_moe(llm.engine.model)  # the GPU's MoE path (a no-op for dense models)
+        if layer_ops is not None:
+            llm.engine.model.use_layer_ops(layer_ops)
         return llm
 
     eager = make()
@@ -130,6 +132,14 @@ def _check_same_tokens(path, kv: str, dtype: str = "float32"):
 @pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
 def test_dense_model_same_tokens_on_fixed_buffers(tiny_llama_dir, kv):
     _check_same_tokens(tiny_llama_dir, kv)
+
+
+def test_gpu_layer_ops_same_tokens_on_fixed_buffers(tiny_llama_dir, monkeypatch):
+    """The norm, SwiGLU and rotary kernels a GPU runs (interpreted here) in the step too."""
+    from engine.layers import gpu_layer_ops
+
+    monkeypatch.setattr(gpu_layer_ops, "_kernel_device", lambda t: True)
+    _check_same_tokens(tiny_llama_dir, "fp8_e4m3", layer_ops=gpu_layer_ops.GPU_LAYER_OPS)
 
 
 def test_moe_model_same_tokens_on_fixed_buffers(tmp_path):
