@@ -142,6 +142,30 @@ def test_retries_connection_errors_then_gives_up():
     assert len(attempts) == 3
 
 
+@pytest.mark.parametrize("error", [httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError])
+def test_a_connection_the_server_closed_is_tried_again(error):
+    """A pooled keep-alive connection closed by the server during a long tool call fails
+    before any answer (seen in CI as a ReadError): the request goes out once more."""
+    attempts = []
+
+    def handler(request):
+        attempts.append(request)
+        if len(attempts) == 1:
+            raise error("connection reset by peer")
+        return httpx.Response(200, json=ANSWER)
+
+    items = asyncio.run(collect(mock_client(handler, model="m")))
+    assert len(attempts) == 2 and items[0] == TextChunk("whole")
+
+
+ANSWER = {
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "whole"}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 1},
+}
+
+
 def test_a_non_streaming_answer_is_accepted():
     body = {
         "choices": [

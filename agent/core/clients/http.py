@@ -74,6 +74,19 @@ def api_root(url: str) -> str:
     return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
+# Failures before any answer came back: the request can be sent again. A pooled
+# keep-alive connection the server has closed meanwhile (after a long tool call, past
+# the server's keep-alive timeout) fails as RemoteProtocolError, or as a ReadError or
+# WriteError (connection reset) depending on when the close is seen.
+_NO_ANSWER_YET = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.RemoteProtocolError,
+    httpx.ReadError,
+    httpx.WriteError,
+)
+
+
 class HTTPClient(LLMClient):
     token_count_method = "estimate"
 
@@ -123,7 +136,7 @@ class HTTPClient(LLMClient):
             try:
                 request = self._http.build_request(method, path, **kwargs)
                 response = await self._http.send(request, stream=stream)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as err:
+            except _NO_ANSWER_YET as err:
                 last_problem = f"cannot reach {self.url} ({type(err).__name__}: {err})"
                 log.info("attempt %d: %s", attempt + 1, last_problem)
                 continue
