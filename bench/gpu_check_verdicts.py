@@ -150,6 +150,7 @@ def verdicts(result: dict, targets: dict | None = None) -> list[dict]:
         from bench.gpu_check_quick import TARGETS as targets
     quant = result.get("quant") if isinstance(result.get("quant"), dict) else {}
     layer_ops = result.get("layer_ops") if isinstance(result.get("layer_ops"), dict) else {}
+    graphs = result.get("graphs") if isinstance(result.get("graphs"), dict) else {}
     correctness = result.get("correctness")
     correctness = correctness if isinstance(correctness, list) else None
     return [
@@ -161,6 +162,11 @@ def verdicts(result: dict, targets: dict | None = None) -> list[dict]:
             layer_ops.get("checks"),
             "layer ops (norm, SwiGLU, rotary) vs torch",
             _reason(result, "layer_ops"),
+        ),
+        _checks(
+            graphs.get("checks"),
+            "CUDA-graph decode vs eager (logits, traffic tokens)",
+            _reason(result, "graphs"),
         ),
         *attention_verdicts(result, targets),
         *gemm_verdicts(result, targets),

@@ -32,12 +32,8 @@ from engine.requests.params import SamplingParams as Params  # noqa: E402
 from engine.requests.sequence import ScheduledSequence, Sequence  # noqa: E402
 from engine.testing.capture_hazards import CaptureHazards  # noqa: E402
 from engine.testing.checkpoints import build_deepseek_v3, build_glm4_moe  # noqa: E402
+from engine.testing.decode_traffic import PROMPTS, run_traffic, traffic_llm  # noqa: E402
 
-PROMPTS = [
-    [5, 17, 42, 99, 3, 250, 7, 61, 88],
-    [130, 12, 33, 201, 4, 76, 200, 9, 14, 15, 92, 6, 18, 27, 44, 51, 63, 70, 81],
-    [11, 22],
-]
 GREEDY = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
 
 
@@ -212,52 +208,12 @@ def test_uncalibrated_fp8_pool_and_changed_scales(tiny_llama_dir):
     assert scale_key(pool) != before
 
 
-def _traffic(llm: LLM) -> tuple[list[list[int]], int]:
-    """What a server's traffic makes of the steps: arrivals while others decode (mixed
-    steps), a shared prefix (a prefix-cache hit), more sequences than the pool holds
-    (preemption and recompute), and speculative drafts verified between plain decode
-    steps. Returns each request's tokens, preemptions and speculative steps."""
-    engine = llm.engine
-    plain = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-    drafted = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, speculative=True)
-    repeating = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8]
-    seqs = [engine.add_request(PROMPTS[0], plain), engine.add_request(PROMPTS[2], plain)]
-    for _ in range(3):
-        engine.step()
-    seqs.append(engine.add_request(PROMPTS[0] + [77, 78], plain))  # shares a cached prefix
-    seqs.append(engine.add_request(repeating, drafted))
-    seqs.append(engine.add_request(PROMPTS[1][:12], plain))
-    while engine.has_unfinished():
-        engine.step()
-    preempted = sum(seq.num_preemptions for seq in seqs)
-    return [seq.output_token_ids for seq in seqs], preempted, engine.speculator.steps
-
-
 def test_traffic_on_fixed_buffers_gives_eager_tokens(tiny_llama_dir):
     """Mixed, prefix-hit, preempted and speculative steps around the fixed-buffer decode
     steps: every request's tokens as with eager decode alone."""
-
-    def make():
-        return LLM(
-            str(tiny_llama_dir),
-            dtype="float32",
-            kv_cache_dtype="fp8_e4m3",
-            attention_backend="triton",
-            max_model_len=64,
-            kv_memory=5 * 16 * tiny_llama_kv_bytes(tiny_llama_dir) / 1024**3,
-        )
-
-    expected, preempted, verified = _traffic(make())
-    assert preempted > 0  # five sequences of 14-24 tokens in 80 tokens of cache
-    assert verified > 0
-    fixed = make()
+    expected = run_traffic(traffic_llm(tiny_llama_dir, attention_backend="triton"))
+    assert expected.preemptions > 0 and expected.speculative_steps > 0
+    fixed = traffic_llm(tiny_llama_dir, attention_backend="triton")
     graphs = _with_fixed_buffers(fixed)
-    got, _, _ = _traffic(fixed)
-    assert got == expected
+    assert run_traffic(fixed).tokens == expected.tokens
     assert graphs.replays > 0
-
-
-def tiny_llama_kv_bytes(path) -> int:
-    """FP8 KV bytes a token of the tiny Llama takes (one byte per value)."""
-    llm = LLM(str(path), dtype="float32", kv_cache_dtype="fp8_e4m3", kv_memory=0.01)
-    return llm.engine.pool.layout.values_per_token

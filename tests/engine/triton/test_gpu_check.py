@@ -109,3 +109,22 @@ def test_quant_only_table_flags_failures(gpu_check):
     assert lines[0] == "on H200"
     assert "kernel    0.050 ms, torch_bf16 0.200, torch_dequant 1.500" in lines[1]
     assert lines[-2] == "quantized kernels: 1/2 ok; FAILED: fused moe int4 64 tokens"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rehearsal; a GPU captures")
+def test_graph_checks_rehearse_on_fixed_buffers():
+    """bench/gpu_check_graphs.py's step check on CPU: the graphs' fixed buffers, eagerly."""
+    from bench.gpu_check_graphs import run_graph_checks
+
+    assert run_graph_checks(torch.device("cpu")) == {
+        "ok": True,
+        "checks": [],
+        "note": "no GPU: nothing to capture",
+    }
+    result = run_graph_checks(torch.device("cpu"), rehearse=True)
+    assert result["ok"], result
+    assert [c["check"] for c in result["checks"]] == [
+        "graph step vs eager, fp8_e4m3 KV",
+        "graph step vs eager, bf16 KV",
+    ]
+    assert all(c["max_abs_diff"] <= 1e-5 for c in result["checks"])

@@ -76,6 +76,7 @@ def _result() -> dict:
             dict(model="glm4_moe", backend="triton", kv="bf16", graphs=True, decode_tok_s=5000.0),
         ],
         "profile": {"gpu_busy": 0.6, "launches_per_step": 412.0},
+        "graphs": {"ok": True, "checks": [{"check": "graph step vs eager", "ok": True}]},
     }
 
 
@@ -98,6 +99,7 @@ def test_each_target_is_met_not_met_or_not_measured_with_its_reason():
     assert met["fused MoE T = 64: INT4 speed vs BF16 experts"] is True
     assert met["GLM-MoE batch 32: decode tokens/s"] is True
     assert met["end to end: FP8 KV vs BF16 KV"] is True
+    assert met["CUDA-graph decode vs eager (logits, traffic tokens)"] is True
     assert met["CUDA graphs vs eager decode (FP8 KV)"] is True  # 4.0x; the graph row counts
     assert rows["CUDA graphs vs eager decode (FP8 KV)"]["note"] == (
         "greedy tokens equal to eager: 32/32 sequences"
@@ -109,7 +111,7 @@ def test_each_target_is_met_not_met_or_not_measured_with_its_reason():
 def test_the_table_ends_with_the_count():
     text = verdict_table(_result()).splitlines()
     assert text[0] == "gpu_check --quick on NVIDIA H200, 301 s"
-    assert text[-1] == "targets: 13 met, 3 not met, 3 not measured"
+    assert text[-1] == "targets: 14 met, 3 not met, 3 not measured"
     assert any("NOT MET" in line and "GPU busy" in line for line in text)
 
 
