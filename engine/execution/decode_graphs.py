@@ -144,7 +144,9 @@ class DecodeGraphs:
                 self._step(rows)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.mempool):
+        # thread_local: other threads' CUDA calls during the capture (a server's KV spill
+        # to the host tier, say) do not invalidate it; only this thread's must be safe.
+        with torch.cuda.graph(graph, pool=self.mempool, capture_error_mode="thread_local"):
             logits = self._step(rows)
         self.captures += 1
         log.info("captured the decode step for %d sequences as a CUDA graph", rows)
