@@ -11,12 +11,12 @@ next part runs; a part that would start after the budget is marked skipped.
 4. decode:      device copy bandwidth, then GQA and MLA decode at 32k, batch 1/16/64
 5. quant:       W4A16, FP8-block and the fused MoE (gpu_check_quant, fewer timing iterations)
 5b. layer_ops:  the norm, SwiGLU and rotary kernels against TorchLayerOps (gpu_check_layer_ops)
-5c. graphs:     CUDA-graph decode against eager on a tiny Llama: one step's logits, and
-                tokens under traffic (gpu_check_graphs)
 6. e2e:         decode tokens/s of the mid-size GLM-MoE and Kimi models, FP8 and BF16 KV
 7. profile:     one GLM-MoE decode run under torch.profiler: host launch calls per step
                 (a replayed graph is one), kernels per step, and the share of the wall
                 time the GPU was busy
+8. graphs:      CUDA-graph decode against eager on a tiny Llama: one step's logits, and
+                tokens under traffic (gpu_check_graphs), if time is left
 
 `verdicts` turns the results into one row per target of the GPU-speed issue
 (issue 28) and per correctness part: met, not met, or not measured (with why).
@@ -180,10 +180,10 @@ def run_quick(out: str) -> int:
     from bench.gpu_check_e2e import run_e2e
     from bench.gpu_check_graphs import run_graph_checks
 
-    run_part(result, "graphs", lambda: run_graph_checks(device), deadline)
-
     run_part(result, "e2e", lambda: run_e2e(QUICK, device, deadline, "full"), deadline)
     run_part(result, "profile", lambda: profile_part(device), deadline)
+    # Last: the e2e part already compares graph and eager tokens on the mid-size models.
+    run_part(result, "graphs", lambda: run_graph_checks(device), deadline)
     result["elapsed_s"] = round(time.monotonic() - started, 1)
     result["verdicts"] = verdicts(result)
     Path(out).write_text(json.dumps(result, indent=1, default=str))
