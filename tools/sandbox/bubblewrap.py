@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.sandbox.mask_budget import BWRAP_MAX_ARGS, MaskBudgetExceeded, collapse_masked
 from tools.sandbox.mounts import (
     SECRET_SCAN_LIMIT,
     SYSTEM_DIRS,
@@ -133,6 +134,11 @@ class Sandbox:
                     "find every secret file to hide from a command nobody approved; this "
                     "command needs approval"
                 )
+            try:  # thousands of secret files would overflow bwrap's argument limit
+                masked = collapse_masked(masked, workspace)
+            except MaskBudgetExceeded as exc:
+                raise SandboxError(f"{exc}; this command needs approval") from exc
+            _refuse_hidden_cwd(Path(os.path.realpath(cwd)), masked)
         plan = MountPlan(
             workspace=workspace,
             extra_roots=tuple(Path(os.path.realpath(r)) for r in extra_roots),
@@ -146,7 +152,7 @@ class Sandbox:
             masked=tuple(masked),
             git_writable=git_writable,
         )
-        return [
+        command = [
             self.bwrap,
             *self.namespace_args(plan.network),
             *system_mounts(),
@@ -156,6 +162,22 @@ class Sandbox:
             "--",
             *argv,
         ]
+        if len(command) > BWRAP_MAX_ARGS:  # say why here, not bwrap's bare refusal later
+            raise SandboxError(
+                f"the sandbox command line has {len(command):,} arguments, more than "
+                f"bubblewrap's limit of {BWRAP_MAX_ARGS:,}"
+            )
+        return command
+
+
+def _refuse_hidden_cwd(cwd: Path, masked: Sequence[Path]) -> None:
+    """A command cannot start in a folder the sandbox hides (bwrap could not enter it)."""
+    for path in masked:
+        if path == cwd or path in cwd.parents:
+            raise SandboxError(
+                f"{cwd} lies in {path}, which the sandbox hides because of the secret-looking "
+                "files in it; this command needs approval"
+            )
 
 
 def interpreter_prefixes() -> list[Path]:
@@ -210,7 +232,21 @@ def _version(bwrap: str) -> str:
 
 def _probe(sandbox: Sandbox, workspace: Path) -> str | None:
     """None when a trivial command runs under the real flags, else what went wrong."""
-    argv = sandbox.wrap(["/bin/sh", "-c", "exit 0"], workspace=workspace, cwd=workspace, env={})
+    try:
+        argv = sandbox.wrap(["/bin/sh", "-c", "exit 0"], workspace=workspace, cwd=workspace, env={})
+    except SandboxError:
+        # This workspace's secrets cannot all be hidden (each unasked command will say so
+        # and ask); bubblewrap itself is probed without them.
+        try:
+            argv = sandbox.wrap(
+                ["/bin/sh", "-c", "exit 0"],
+                workspace=workspace,
+                cwd=workspace,
+                env={},
+                grant=SandboxGrant(secrets=True),
+            )
+        except SandboxError as exc:
+            return str(exc)
     try:
         result = subprocess.run(
             argv, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, env={"PATH": "/bin"}

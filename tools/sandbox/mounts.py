@@ -60,7 +60,7 @@ class MountPlan:
     home: Path | None = None
     toolchains: tuple[Path, ...] = ()
     read_only_paths: tuple[Path, ...] = ()
-    masked: tuple[Path, ...] = ()
+    masked: tuple[Path, ...] = ()  # files and folders, kept within mask_budget's limits
     git_writable: bool = False  # only for the git tool's own commit
 
 
