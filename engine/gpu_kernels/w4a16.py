@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.attention.triton.target import sm_count
 from engine.gpu_kernels.common import (
     KIND_DENSE,
     KIND_INT4,
@@ -58,6 +59,8 @@ def _w4a16_kernel(
     stride_wn,
     stride_sn,
     stride_cm,
+    k_per_split,
+    stride_cs,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -82,7 +85,11 @@ def _w4a16_kernel(
     row_mask = rows < M
     n_mask = n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    # Split-K: this program's slice of K (whole BLOCK_K tiles); its partial sum goes to
+    # slice program_id(1) of c (float32 [splits, M, N]), which the host sums in order.
+    k_start = tl.program_id(1) * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    for k0 in range(k_start, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_mask = k < K  # the tail tile: masked activations are 0, so padding nibbles add nothing
         a, _ = load_act_tile(a_ptr, a_ptr, rows, k, k0, row_mask, k_mask, stride_am, 0,
@@ -90,7 +97,7 @@ def _w4a16_kernel(
         w, _ = load_weight_tile(w_ptr, s_ptr, n, k, k0, n_mask, k_mask, stride_wn, stride_sn, 1,
                                 KIND_INT4, 1, GROUP, DOT)  # fmt: skip
         acc += tl.dot(a, w, input_precision=PRECISION)
-    c_ptrs = c_ptr + rows[:, None] * stride_cm + n[None, :]
+    c_ptrs = c_ptr + tl.program_id(1) * stride_cs + rows[:, None] * stride_cm + n[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & n_mask[None, :])
 
 
@@ -111,6 +118,25 @@ def tiles(m: int) -> dict:
     return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
 
 
+MIN_TILES_PER_SPLIT = 4  # K tiles each split keeps: fewer, and the partial sums cost more
+
+
+def k_splits(m: int, n: int, k: int, cfg: dict, sms: int) -> int:
+    """How many slices of K a decode-sized product is cut into (split-K).
+
+    At M <= 16 the product is a read of the weights, and one program per
+    BLOCK_N columns leaves an H200 short of programs where N is small
+    against K (N = 7168 at K = 18432: 112 programs for 132 SMs). Splitting K
+    brings it to about two programs per SM; each split keeps at least
+    MIN_TILES_PER_SPLIT K tiles. Larger M has enough output tiles."""
+    if m > 16:
+        return 1
+    tiles = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
+    wanted = triton.cdiv(2 * sms, tiles)
+    most = max(1, triton.cdiv(k, cfg["BLOCK_K"]) // MIN_TILES_PER_SPLIT)
+    return max(1, min(wanted, most))
+
+
 def w4a16_gemm(
     x: torch.Tensor,
     weight_packed: torch.Tensor,
@@ -118,12 +144,14 @@ def w4a16_gemm(
     group_size: int = 32,
     out_dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
+    splits: int | None = None,
 ) -> torch.Tensor:
     """x [M, K] (bf16/fp16/fp32) @ dequantized(weight).T -> [M, N] in out_dtype (default x's).
 
     weight_packed: int32 [N, ceil(K/8)]; weight_scale: float [N, ceil(K/group_size)].
     Equals `x @ dequantize_packed_int4(...).T` up to fp32 summation order and the
     output's rounding (on a GPU also the weights' rounding to x's dtype).
+    `splits` fixes the split-K count (tests); else `k_splits` plans it.
     """
     check_tensor("x", x, 2, FLOAT_ACTS, x.device)
     check_tensor("weight_packed", weight_packed, 2, (torch.int32,), x.device)
@@ -155,23 +183,36 @@ def w4a16_gemm(
     )
     cfg = tiles(m)
     dot, precision = dot_config(x.dtype, INT4, x.device)
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    if splits is None:
+        splits = k_splits(m, n, k, cfg, sm_count(x.device))
+    if splits < 1:
+        raise ValueError(f"splits must be at least 1, got {splits}")
+    # Whole K tiles per split; a count past the tiles leaves empty splits (zeros).
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg["BLOCK_K"]), splits) * cfg["BLOCK_K"]
+    target = out
+    if splits > 1:
+        target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), splits)
     _w4a16_kernel[grid](
         x,
         weight_packed,
         weight_scale,
-        out,
+        target,
         m,
         n,
         k,
         x.stride(0),
         weight_packed.stride(0),
         weight_scale.stride(0),
-        out.stride(0),
+        target.stride(-2),
+        k_per_split,
+        target.stride(0) if splits > 1 else 0,
         GROUP=group_size,
         GROUP_M=GROUP_M,
         DOT=dot,
         PRECISION=precision,
         **cfg,
     )
+    if splits > 1:
+        out.copy_(target.sum(0))  # in split order: the same result every run
     return out

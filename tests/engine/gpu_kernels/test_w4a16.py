@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from engine.gpu_kernels.w4a16 import w4a16_gemm  # noqa: E402
+from engine.gpu_kernels.w4a16 import k_splits, w4a16_gemm  # noqa: E402
 from tests.engine.gpu_kernels.references import (  # noqa: E402
     BF16_ULP,
     assert_within,
@@ -93,3 +93,23 @@ def test_rejects_bad_inputs(device):
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
             call()
+
+
+@pytest.mark.parametrize("splits", [2, 3, 9])  # 9: more splits than K tiles, some empty
+def test_split_k_sums_to_the_same_product(seed, device, splits):
+    packed, scale, weight = int4_weight(40, 200, device=device)
+    x = torch.randn(3, 200, device=device)
+    out = w4a16_gemm(x, packed, scale, splits=splits)
+    assert_within(out, x @ weight.T, summation_bound(x, weight), f"w4a16 split {splits}")
+    torch.testing.assert_close(out, w4a16_gemm(x, packed, scale, splits=1), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="splits must be at least 1"):
+        w4a16_gemm(x, packed, scale, splits=0)
+
+
+def test_split_k_plan_fills_an_h200_at_decode_sizes():
+    decode = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128)  # tiles(m) on a GPU for m <= 16
+    assert k_splits(1, 7168, 18432, decode, 132) == 3  # 112 tiles -> 336 programs
+    assert k_splits(1, 18432, 7168, decode, 132) == 1  # 288 tiles already
+    assert k_splits(1, 2048, 512, decode, 132) == 1  # 4 K tiles: too few to split
+    assert k_splits(1, 2048, 7168, decode, 132) == 9  # 32 tiles -> 288 programs
+    assert k_splits(32, 7168, 18432, decode, 132) == 1  # prefill-sized M: no split
