@@ -12,11 +12,14 @@ user's current task count, which holds for ordinary users only.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import resource
+import shutil
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +112,10 @@ class PidsCgroup:
         self.limit = limit
         self._procs = os.fsencode(path / "cgroup.procs")
 
+    @property
+    def procs_path(self) -> bytes:
+        return self._procs
+
     @classmethod
     def create(cls, limit: int) -> PidsCgroup | None:
         parent = _own_pids_parent()
@@ -177,9 +184,8 @@ def _capped(kind: int, soft: int, hard: int) -> tuple[int, int]:
     return soft, hard
 
 
-def rlimit_setter(limits: Limits, nproc: int | None, cgroup: PidsCgroup | None):
-    """The function the child runs between fork and exec; everything it needs is
-    computed here, in the parent, so the child only makes system calls."""
+def _rlimit_settings(limits: Limits, nproc: int | None) -> list[tuple[int, tuple[int, int]]]:
+    """The (kind, (soft, hard)) limits a command starts with."""
     settings = [(resource.RLIMIT_CORE, (0, 0))]
     if nproc is not None:
         settings.append((resource.RLIMIT_NPROC, (nproc, nproc)))
@@ -190,6 +196,55 @@ def rlimit_setter(limits: Limits, nproc: int | None, cgroup: PidsCgroup | None):
     if limits.file_bytes is not None:
         fsize = _capped(resource.RLIMIT_FSIZE, limits.file_bytes, limits.file_bytes)
         settings.append((resource.RLIMIT_FSIZE, fsize))
+    return settings
+
+
+# Joins the cgroup (its cgroup.procs path is $1, empty for none; "0" means the writing
+# process itself) and fails closed if it cannot, then execs prlimit, which sets the
+# limits and execs the command: the pid, and so the process group, stay the same.
+_LAUNCHER = 'if [ -n "$1" ]; then echo 0 > "$1" || exit 126; fi; shift; exec "$@"'
+_PRLIMIT_FLAGS = {
+    resource.RLIMIT_CORE: "--core",
+    resource.RLIMIT_NPROC: "--nproc",
+    resource.RLIMIT_CPU: "--cpu",
+    resource.RLIMIT_FSIZE: "--fsize",
+}
+
+
+@functools.cache
+def _prlimit() -> str | None:
+    return shutil.which("prlimit")
+
+
+def limited_argv(
+    argv: Sequence[str], limits: Limits, nproc: int | None, cgroup: PidsCgroup | None
+) -> list[str] | None:
+    """`argv` behind an exec-only launcher (/bin/sh, then util-linux's prlimit) that
+    joins the cgroup and sets the limits before the command runs; None without prlimit.
+
+    Why not a preexec function: it makes Python fork() instead of vfork(), and fork
+    copies the page tables of the agent's process. Holding the default model (1.6 GB
+    resident) that cost 65 ms a command, against under 3 ms for this launcher."""
+    prlimit = _prlimit()
+    if prlimit is None or not os.path.exists("/bin/sh"):
+        return None
+
+    def value(number: int) -> str:
+        return "unlimited" if number == resource.RLIM_INFINITY else str(number)
+
+    flags = [
+        f"{_PRLIMIT_FLAGS[kind]}={value(soft)}:{value(hard)}"
+        for kind, (soft, hard) in _rlimit_settings(limits, nproc)
+    ]
+    procs = os.fsdecode(cgroup.procs_path) if cgroup is not None else ""
+    return ["/bin/sh", "-c", _LAUNCHER, "resident-limits", procs, prlimit, *flags, "--", *argv]
+
+
+def rlimit_setter(limits: Limits, nproc: int | None, cgroup: PidsCgroup | None):
+    """The function the child runs between fork and exec (where prlimit is missing);
+    everything it needs is computed here, in the parent, so the child only makes
+    system calls."""
+    settings = _rlimit_settings(limits, nproc)
 
     def apply() -> None:
         if cgroup is not None:

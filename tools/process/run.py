@@ -30,6 +30,7 @@ from tools.process.group import leader_exited, read_available, signal_group
 from tools.process.limits import (
     Limits,
     PidsCgroup,
+    limited_argv,
     process_limit,
     rlimit_setter,
     user_task_count,
@@ -78,9 +79,11 @@ def run_process(
     limits = limits or Limits()
     cgroup = PidsCgroup.create(process_budget) if process_budget > 0 else None
     nproc = None if cgroup is not None else process_limit(process_budget)
+    launched = limited_argv(argv, limits, nproc, cgroup)
+    preexec = rlimit_setter(limits, nproc, cgroup) if launched is None else None
     try:
-        return _run(argv, cwd, env, timeout_s, output_limit, cancel_event, kill_grace_s,
-                    rlimit_setter(limits, nproc, cgroup))  # fmt: skip
+        return _run(launched or argv, cwd, env, timeout_s, output_limit, cancel_event,
+                    kill_grace_s, preexec)  # fmt: skip
     finally:
         if cgroup is not None:
             cgroup.remove()
