@@ -173,9 +173,10 @@ def test_environment_comes_from_the_allow_list(workspace, sandbox):
     assert "TMPDIR=/tmp" in output and "safe.bareRepository" in output
 
 
-# Run from a fresh interpreter: the shell tool forks (its rlimits need a preexec
-# function), and fork copies the page tables of the process that starts the command;
-# late in the suite the test process holds gigabytes, and 200 commands took 37 s there.
+# Run from a fresh interpreter: where prlimit is missing the shell tool sets its limits
+# in a preexec function, so Python forks, copying the page tables of the process that
+# starts the command; late in the suite the test process holds gigabytes (200 commands
+# took 37 s there before the launcher, tools/process/limits.py).
 SHORT_COMMANDS = """
 import sys
 from pathlib import Path
