@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.attention.triton.target import sm_count
 from engine.gpu_kernels.common import (
     KIND_FP8,
     dot_config,
@@ -45,6 +46,7 @@ from engine.gpu_kernels.layout import (
     check_tensor,
     dense_last,
 )
+from engine.gpu_kernels.split_k import finish, k_per_split, k_splits, split_target
 from engine.kv.quant import FP8_DTYPE
 
 GROUP_M = 8
@@ -66,6 +68,8 @@ def _fp8_block_kernel(
     stride_wsn,
     stride_wsk,
     stride_cm,
+    split_len,
+    stride_cs,
     SCALE_N: tl.constexpr,
     SCALE_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -88,7 +92,10 @@ def _fp8_block_kernel(
     row_mask = rows < M
     n_mask = n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    # Split-K (split_k.py): this program's whole-tile slice of K; its partial product
+    # goes to slice program_id(1) of c.
+    k_start = tl.program_id(1) * split_len
+    for k0 in range(k_start, tl.minimum(k_start + split_len, K), BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_mask = k < K
         a, a_scale = load_act_tile(a_ptr, as_ptr, rows, k, k0, row_mask, k_mask, stride_am,
@@ -96,7 +103,7 @@ def _fp8_block_kernel(
         w, w_scale = load_weight_tile(w_ptr, ws_ptr, n, k, k0, n_mask, k_mask, stride_wn,
                                       stride_wsn, stride_wsk, KIND_FP8, SCALE_N, SCALE_K, DOT)  # fmt: skip
         acc += tl.dot(a, w) * (a_scale[:, None] * w_scale[None, :])
-    c_ptrs = c_ptr + rows[:, None] * stride_cm + n[None, :]
+    c_ptrs = c_ptr + tl.program_id(1) * stride_cs + rows[:, None] * stride_cm + n[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & n_mask[None, :])
 
 
@@ -119,11 +126,13 @@ def fp8_block_gemm(
     block: tuple[int, int] = (FP8_BLOCK, FP8_BLOCK),
     out_dtype: torch.dtype = torch.bfloat16,
     out: torch.Tensor | None = None,
+    splits: int | None = None,
 ) -> torch.Tensor:
     """Quantized activations x_q [M, K] (e4m3) with x_scale [M, ceil(K/block_k)] times
     weight [N, K] (e4m3) with weight_scale_inv [ceil(N/block_n), ceil(K/block_k)] -> [M, N].
 
     The activation group must equal the weight block along K (block[1]).
+    `splits` fixes the split-K count (tests); else `split_k.k_splits` plans it.
     """
     check_tensor("x_q", x_q, 2, (FP8_DTYPE,), x_q.device)
     check_tensor("x_scale", x_scale, 2, (torch.float32,), x_q.device)
@@ -153,13 +162,16 @@ def fp8_block_gemm(
     x_scale, weight_scale_inv = dense_last(x_scale), weight_scale_inv.contiguous()
     cfg = tiles(m)
     dot, _ = dot_config(torch.bfloat16, FP8, x_q.device)
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    if splits is None:
+        splits = k_splits(m, n, k, {**cfg, "BLOCK_K": block_k}, sm_count(x_q.device))
+    target, stride_row, stride_split = split_target(splits, out)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), splits)
     _fp8_block_kernel[grid](
         a,
         x_scale,
         w,
         weight_scale_inv,
-        out,
+        target,
         m,
         n,
         k,
@@ -168,7 +180,9 @@ def fp8_block_gemm(
         w.stride(0),
         weight_scale_inv.stride(0),
         weight_scale_inv.stride(1),
-        out.stride(0),
+        stride_row,
+        k_per_split(k, block_k, splits),
+        stride_split,
         SCALE_N=block_n,
         SCALE_K=block_k,
         BLOCK_K=block_k,
@@ -176,6 +190,7 @@ def fp8_block_gemm(
         DOT=dot,
         **cfg,
     )
+    finish(target, out)
     return out
 
 

@@ -42,6 +42,7 @@ from engine.gpu_kernels.layout import (
     check_tensor,
     dense_last,
 )
+from engine.gpu_kernels.split_k import finish, k_per_split, k_splits, split_target
 
 GROUP_M = 8  # programs along M that walk the same weight columns before moving on
 
@@ -59,7 +60,7 @@ def _w4a16_kernel(
     stride_wn,
     stride_sn,
     stride_cm,
-    k_per_split,
+    split_len,
     stride_cs,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -87,8 +88,8 @@ def _w4a16_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     # Split-K: this program's slice of K (whole BLOCK_K tiles); its partial sum goes to
     # slice program_id(1) of c (float32 [splits, M, N]), which the host sums in order.
-    k_start = tl.program_id(1) * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
+    k_start = tl.program_id(1) * split_len
+    k_end = tl.minimum(k_start + split_len, K)
     for k0 in range(k_start, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_mask = k < K  # the tail tile: masked activations are 0, so padding nibbles add nothing
@@ -118,25 +119,6 @@ def tiles(m: int) -> dict:
     return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
 
 
-MIN_TILES_PER_SPLIT = 4  # K tiles each split keeps: fewer, and the partial sums cost more
-
-
-def k_splits(m: int, n: int, k: int, cfg: dict, sms: int) -> int:
-    """How many slices of K a decode-sized product is cut into (split-K).
-
-    At M <= 16 the product is a read of the weights, and one program per
-    BLOCK_N columns leaves an H200 short of programs where N is small
-    against K (N = 7168 at K = 18432: 112 programs for 132 SMs). Splitting K
-    brings it to about two programs per SM; each split keeps at least
-    MIN_TILES_PER_SPLIT K tiles. Larger M has enough output tiles."""
-    if m > 16:
-        return 1
-    tiles = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
-    wanted = triton.cdiv(2 * sms, tiles)
-    most = max(1, triton.cdiv(k, cfg["BLOCK_K"]) // MIN_TILES_PER_SPLIT)
-    return max(1, min(wanted, most))
-
-
 def w4a16_gemm(
     x: torch.Tensor,
     weight_packed: torch.Tensor,
@@ -151,7 +133,7 @@ def w4a16_gemm(
     weight_packed: int32 [N, ceil(K/8)]; weight_scale: float [N, ceil(K/group_size)].
     Equals `x @ dequantize_packed_int4(...).T` up to fp32 summation order and the
     output's rounding (on a GPU also the weights' rounding to x's dtype).
-    `splits` fixes the split-K count (tests); else `k_splits` plans it.
+    `splits` fixes the split-K count (tests); else `split_k.k_splits` plans it.
     """
     check_tensor("x", x, 2, FLOAT_ACTS, x.device)
     check_tensor("weight_packed", weight_packed, 2, (torch.int32,), x.device)
@@ -185,13 +167,7 @@ def w4a16_gemm(
     dot, precision = dot_config(x.dtype, INT4, x.device)
     if splits is None:
         splits = k_splits(m, n, k, cfg, sm_count(x.device))
-    if splits < 1:
-        raise ValueError(f"splits must be at least 1, got {splits}")
-    # Whole K tiles per split; a count past the tiles leaves empty splits (zeros).
-    k_per_split = triton.cdiv(triton.cdiv(k, cfg["BLOCK_K"]), splits) * cfg["BLOCK_K"]
-    target = out
-    if splits > 1:
-        target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+    target, stride_row, stride_split = split_target(splits, out)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), splits)
     _w4a16_kernel[grid](
         x,
@@ -204,15 +180,14 @@ def w4a16_gemm(
         x.stride(0),
         weight_packed.stride(0),
         weight_scale.stride(0),
-        target.stride(-2),
-        k_per_split,
-        target.stride(0) if splits > 1 else 0,
+        stride_row,
+        k_per_split(k, cfg["BLOCK_K"], splits),
+        stride_split,
         GROUP=group_size,
         GROUP_M=GROUP_M,
         DOT=dot,
         PRECISION=precision,
         **cfg,
     )
-    if splits > 1:
-        out.copy_(target.sum(0))  # in split order: the same result every run
+    finish(target, out)
     return out

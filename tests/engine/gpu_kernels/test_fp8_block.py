@@ -67,6 +67,17 @@ def test_float32_output_on_partial_blocks(seed, device):
     assert_within(out, x_deq @ w_deq.T, gemm_tolerance(x_deq, w_deq, device), "fp8 fp32")
 
 
+@pytest.mark.parametrize("splits", [2, 3])  # 3 slices of a 3-tile K: one tile each
+def test_split_k_sums_to_the_same_product(seed, device, splits):
+    m, k, n = 2, 300, 200
+    weight, scale_inv, w_deq = fp8_weight(n, k, device=device)
+    x_q, x_scale, x_deq = quantized_activations(m, k, device)
+    out = fp8_block_gemm(x_q, x_scale, weight, scale_inv, out_dtype=torch.float32, splits=splits)
+    assert_within(out, x_deq @ w_deq.T, gemm_tolerance(x_deq, w_deq, device), f"split {splits}")
+    whole = fp8_block_gemm(x_q, x_scale, weight, scale_inv, out_dtype=torch.float32, splits=1)
+    torch.testing.assert_close(out, whole, atol=1e-5, rtol=1e-5)
+
+
 def test_other_block_shape(seed, device):
     """64x64 blocks (activation groups of 64): the block is a parameter, not a constant."""
     m, k, n = 2, 160, 100

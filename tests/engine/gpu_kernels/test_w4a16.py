@@ -17,7 +17,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from engine.gpu_kernels.w4a16 import k_splits, w4a16_gemm  # noqa: E402
+from engine.gpu_kernels.split_k import k_splits  # noqa: E402
+from engine.gpu_kernels.w4a16 import w4a16_gemm  # noqa: E402
 from tests.engine.gpu_kernels.references import (  # noqa: E402
     BF16_ULP,
     assert_within,
