@@ -41,12 +41,9 @@ def _graphs_of(llm):
     """The engine's graphs; on CPU (a rehearsal) the same fixed buffers without capture."""
     runner = llm.engine.runner
     if runner.graphs is None and runner.device.type == "cpu":
-        from engine.execution.decode_graphs import DecodeGraphs
-        from engine.execution.decode_inputs import DecodeInputs
+        from engine.testing.decode_traffic import on_fixed_buffers
 
-        page = llm.engine.config.page_size
-        inputs = DecodeInputs(4, llm.engine.max_model_len, page, runner.device)
-        runner.graphs = DecodeGraphs(runner.model, runner.pool, runner.backend, inputs, False)
+        return on_fixed_buffers(llm)
     return runner.graphs
 
 

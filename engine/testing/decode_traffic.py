@@ -1,4 +1,5 @@
-"""A server's traffic in a few engine steps, for comparing decode paths (CUDA graphs or not).
+"""A server's traffic in a few engine steps, for comparing decode paths (CUDA graphs or not),
+and the graphs' fixed buffers without a capture, for checking them on CPU.
 
 Steps of every kind around plain decode steps: arrivals while others decode
 (mixed steps), a prompt that shares a cached prefix, more sequences than a
@@ -15,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine import LLM, SamplingParams
+from engine.execution.decode_graphs import DecodeGraphs
+from engine.execution.decode_inputs import DecodeInputs
+from engine.kv.sizing import kv_bytes_per_token
 
 PROMPTS = [
     [5, 17, 42, 99, 3, 250, 7, 61, 88],
@@ -36,11 +40,19 @@ def traffic_llm(path: Path, **overrides) -> LLM:
     """An engine on `path` with a pool of PAGES pages (FP8 unless overridden)."""
     settings = dict(dtype="float32", kv_cache_dtype="fp8_e4m3", max_model_len=64)
     settings.update(overrides)
-    probe = LLM(str(path), **{**settings, "kv_memory": 0.01})
-    values = probe.engine.pool.layout.values_per_token
-    value_bytes = 1 if probe.engine.kv_dtype == "fp8_e4m3" else probe.engine.dtype.itemsize
+    probe = LLM(str(path), **{**settings, "kv_memory": 0.01}).engine
+    per_token = kv_bytes_per_token(probe.layout, probe.kv_dtype)
     del probe
-    return LLM(str(path), kv_memory=PAGES * 16 * values * value_bytes / 1024**3, **settings)
+    return LLM(str(path), kv_memory=PAGES * 16 * per_token / 1024**3, **settings)
+
+
+def on_fixed_buffers(llm: LLM, max_batch: int = 4) -> DecodeGraphs:
+    """Give the engine's runner CUDA-graph decode without the capture: the graphs' fixed
+    buffers, pad rows and capacity-planned grids, run eagerly (how a CPU checks them)."""
+    runner, engine = llm.engine.runner, llm.engine
+    inputs = DecodeInputs(max_batch, engine.max_model_len, engine.config.page_size, runner.device)
+    runner.graphs = DecodeGraphs(runner.model, runner.pool, runner.backend, inputs, capture=False)
+    return runner.graphs
 
 
 def run_traffic(llm: LLM) -> TrafficResult:

@@ -32,7 +32,12 @@ from engine.requests.params import SamplingParams as Params  # noqa: E402
 from engine.requests.sequence import ScheduledSequence, Sequence  # noqa: E402
 from engine.testing.capture_hazards import CaptureHazards  # noqa: E402
 from engine.testing.checkpoints import build_deepseek_v3, build_glm4_moe  # noqa: E402
-from engine.testing.decode_traffic import PROMPTS, run_traffic, traffic_llm  # noqa: E402
+from engine.testing.decode_traffic import (  # noqa: E402
+    PROMPTS,
+    on_fixed_buffers,
+    run_traffic,
+    traffic_llm,
+)
 
 GREEDY = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
 
@@ -72,13 +77,6 @@ def test_fill_lays_out_one_step_and_pads():
         inputs.fill(batch * 3, rows=4)
 
 
-def _with_fixed_buffers(llm: LLM) -> DecodeGraphs:
-    runner = llm.engine.runner
-    inputs = DecodeInputs(4, llm.engine.max_model_len, llm.engine.config.page_size, runner.device)
-    runner.graphs = DecodeGraphs(runner.model, runner.pool, runner.backend, inputs, capture=False)
-    return runner.graphs
-
-
 def _tokens(llm: LLM, prompts) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
 
@@ -116,7 +114,7 @@ def _check_same_logits(llm: LLM) -> None:
     assert len(batch) == 3 and all(item.num_tokens == 1 for item in batch)
     runner = engine.runner
     eager = runner.run(batch, set()).sample_logits.clone()
-    _with_fixed_buffers(llm)
+    on_fixed_buffers(llm)
     fixed = runner.run(batch, set()).sample_logits  # rewrites the same K/V at the same slots
     assert runner.graphs.replays == 1
     torch.testing.assert_close(fixed, eager, atol=2e-5, rtol=1e-5)
@@ -137,7 +135,7 @@ def _check_same_tokens(path, kv: str, dtype: str = "float32", layer_ops=None):
     expected = _tokens(eager, PROMPTS)
     assert eager.engine.runner.graphs is None  # no GPU: graphs are not set up
     fixed = make()
-    graphs = _with_fixed_buffers(fixed)
+    graphs = on_fixed_buffers(fixed)
     hazards = _record_hazards(graphs)
     assert _tokens(fixed, PROMPTS) == expected  # 3 sequences in a bucket of 4: one pad row
     assert _tokens(fixed, PROMPTS[:1]) == expected[:1]
@@ -177,7 +175,7 @@ def test_steps_the_graphs_do_not_take(tiny_llama_dir):
         attention_backend="triton",
         kv_memory=0.01,
     )
-    graphs = _with_fixed_buffers(llm)
+    graphs = on_fixed_buffers(llm)
     decode = _scheduled([1, 2, 3], [0])
     assert graphs.takes([decode], set())
     assert not graphs.takes([decode], {0})
@@ -214,6 +212,6 @@ def test_traffic_on_fixed_buffers_gives_eager_tokens(tiny_llama_dir):
     expected = run_traffic(traffic_llm(tiny_llama_dir, attention_backend="triton"))
     assert expected.preemptions > 0 and expected.speculative_steps > 0
     fixed = traffic_llm(tiny_llama_dir, attention_backend="triton")
-    graphs = _with_fixed_buffers(fixed)
+    graphs = on_fixed_buffers(fixed)
     assert run_traffic(fixed).tokens == expected.tokens
     assert graphs.replays > 0
