@@ -25,8 +25,6 @@ from engine.collectives import parallel
 from engine.config import DEFAULT_CPU_KV_GIB, EngineConfig
 from engine.cpu_kernels.library import unavailable as cpu_kernels_unavailable
 from engine.errors import EngineError, KVCapacityError
-from engine.execution.decode_graphs import DecodeGraphs
-from engine.execution.decode_inputs import DecodeInputs
 from engine.execution.runner import ModelRunner
 from engine.kv.dtypes import AUTO_KV_DTYPES
 from engine.kv.pool import PagedKVPool
@@ -161,6 +159,11 @@ def build_model_stack(config: EngineConfig, model_dir: Path, device: torch.devic
         device,
     )
     if config.cuda_graphs and ranks == 1 and _graphs_can_run(runner):
+        # Here, not at the top: the graphs' inputs are the Triton kernels' page tables,
+        # and Triton is installed only where it runs (Linux x86-64).
+        from engine.execution.decode_graphs import DecodeGraphs
+        from engine.execution.decode_inputs import DecodeInputs
+
         runner.graphs = DecodeGraphs(
             model,
             pool,
