@@ -32,6 +32,7 @@ import logging
 
 import torch
 
+from engine.attention.triton.backend import needs_pool_write
 from engine.execution.decode_inputs import DecodeInputs
 from engine.models.decoder import ForwardContext
 from engine.requests.sequence import ScheduledSequence
@@ -61,14 +62,9 @@ def scale_key(pool) -> tuple:
 
 
 def pool_ready(pool) -> bool:
-    """Whether every write goes through the kernels: FP8 scales calibrated, nothing
-    observing writes (the same test as the Triton backend's, for all layers)."""
-    if not pool.is_fp8:
-        return True
-    calibrated = getattr(pool, "_calibrated", None)
-    if calibrated is None or not all(calibrated):
-        return False
-    return getattr(pool, "_observed", None) is None
+    """Whether every layer's write goes through the kernels (FP8 scales calibrated,
+    nothing observing writes): the pool's own write cannot be captured."""
+    return not any(needs_pool_write(pool, layer) for layer in range(pool.layout.num_layers))
 
 
 class DecodeGraphs:

@@ -37,7 +37,7 @@ from engine.errors import EngineError
 log = logging.getLogger(__name__)
 
 
-def _needs_pool_write(pool, layer: int) -> bool:
+def needs_pool_write(pool, layer: int) -> bool:
     """Whether this write must go through the pool's own (torch) write.
 
     FP8 pools calibrate a layer's scales on its first write and can record the
@@ -130,7 +130,7 @@ class TritonAttentionBackend:
         if not self._runs_here(q):
             return self.fallback.forward(layer, q, k, v, pool, meta, softmax_scale)
         storage = pool.storage[layer]
-        through_pool = _needs_pool_write(pool, layer)
+        through_pool = needs_pool_write(pool, layer)
         if through_pool:
             pool.write(layer, k, v, meta.slot_mapping)
         k_scales, v_scales = self._layer_scales(pool, layer)
@@ -162,7 +162,7 @@ class TritonAttentionBackend:
         if not meta.decode_only or not self._runs_here(q_nope):
             return None
         storage = pool.storage[layer]
-        through_pool = _needs_pool_write(pool, layer)
+        through_pool = needs_pool_write(pool, layer)
         if through_pool:
             pool.write(layer, latent, k_rope, meta.slot_mapping)
         latent_scale, rope_scale, scales = self._mla_layer_scales(pool, layer)
