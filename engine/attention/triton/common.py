@@ -53,6 +53,75 @@ def load_as(ptrs, mask, IS_FP8: tl.constexpr, DOT: tl.constexpr):
     return x.to(DOT)
 
 
+# e4m3's smallest subnormal step is 2^-9: adding and subtracting 1.5 * 2^14 (whose
+# fp32 ulp is 2^-9) rounds to it, to nearest even, in plain fp32 arithmetic.
+_SUBNORMAL_ROUNDER = tl.constexpr(1.5 * 2.0**14)
+_E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
+
+
+@triton.jit
+def round_to_e4m3(x):
+    """fp32 x saturated to +-448 and rounded to the nearest e4m3 value (ties to even), in fp32.
+
+    The same value torch's `clamp(-448, 448).to(float8_e4m3fn)` gives, computed
+    with integer and fp32 arithmetic so that Triton's interpreter, whose e4m3
+    cast rounds wrongly (DESIGN.md §3) but converts exact values exactly,
+    agrees with the GPU. Callers cast the result with `.to(tl.float8e4nv)`.
+    Normal values keep 3 of fp32's 23 mantissa bits (round to nearest even on
+    the 20 dropped bits); below 2^-6 the step is the fixed 2^-9.
+    """
+    x = tl.minimum(tl.maximum(x, -FP8_MAX_VALUE), FP8_MAX_VALUE)
+    bits = x.to(tl.int32, bitcast=True)
+    lsb = (bits >> 20) & 1
+    normal = ((bits + 0x7FFFF + lsb) & -0x100000).to(tl.float32, bitcast=True)
+    magnitude = tl.abs(x)
+    # Rounded as a magnitude and signed after, so -0 and tiny negatives keep their sign.
+    subnormal = ((magnitude + _SUBNORMAL_ROUNDER) - _SUBNORMAL_ROUNDER) * tl.where(
+        bits < 0, -1.0, 1.0
+    )
+    return tl.where(magnitude < _E4M3_MIN_NORMAL, subnormal, normal)
+
+
+@triton.jit
+def quantize_rows_e4m3(x, ROW_MAX: tl.constexpr):
+    """fp32 tile [R, C] -> (e4m3 tile, fp32 [R] scales) with x ~= e4m3 * scale[:, None].
+
+    Each row is scaled so its largest magnitude maps to ROW_MAX (448 uses all
+    of e4m3's range); an all-zero row gets scale 1. For FP8 tensor-core dots
+    whose other operand is already e4m3 (decode queries against FP8 pages).
+    """
+    amax = tl.max(tl.abs(x), 1)
+    scale = tl.where(amax > 0, amax / ROW_MAX, 1.0)
+    q = round_to_e4m3(x / scale[:, None])
+    return q.to(tl.float8e4nv), scale
+
+
+# Softmax weights p in (0, 1] are multiplied by this before they become e4m3, so
+# weights down to 2^-17 stay representable (e4m3 alone flushes below 2^-9); the
+# PV accumulator is divided by it at the end. A power of two: exact both ways.
+P_FP8_SCALE = 256.0
+P_FP8_SCALE_VALUE = tl.constexpr(P_FP8_SCALE)
+
+
+@triton.jit
+def probabilities_e4m3(p):
+    """Softmax weights (fp32, in [0, 1]) as the e4m3 operand of an FP8 PV dot, times
+    P_FP8_SCALE: each within 2^-4 of its value relative (the half step of a 3-bit
+    mantissa). The row sums stay those of the fp32 weights."""
+    return round_to_e4m3(p * P_FP8_SCALE_VALUE).to(tl.float8e4nv)
+
+
+def fp8_dot_supported(device: torch.device) -> bool:
+    """Whether tl.dot can multiply e4m3 operands on tensor cores here: compute
+    capability 8.9 or newer (Ada, Hopper, Blackwell), or the interpreter, which
+    multiplies them exactly in software (CPU tests)."""
+    if interpreting():
+        return True
+    if device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def dot_config(dtype: torch.dtype) -> tuple[tl.dtype, str]:
     """The dtype tl.dot multiplies in and its input precision, for activations of `dtype`.
 
