@@ -68,7 +68,7 @@ FULL = dict(
     e2e_prompt=2048,
     e2e_tokens=64,
     sweep_context=32768,
-    sweep_tiles=[(32, 4), (64, 4), (64, 8), (128, 8)],
+    sweep_tiles=[(64, 4), (64, 8), (128, 4), (128, 8)],
 )
 SMOKE = dict(
     contexts=[40],
@@ -133,8 +133,9 @@ def copy_bandwidth(cfg, device) -> float:
     return 2 * n / (ms * 1e-3) / 1e9
 
 
-def _timing_case(kind: str, cfg, storage, tables, batch: int, device):
-    """The kernel call to time and the bytes of KV it reads."""
+def _timing_case(kind: str, cfg, storage, tables, batch: int, device, fp8_dot=None):
+    """The kernel call to time and the bytes of KV it reads. `fp8_dot`: None is the
+    kernels' default (FP8 pages on e4m3 tensor cores), False the widening kernel."""
     from engine.attention.triton.decode import gqa_decode
     from engine.attention.triton.mla_decode import mla_decode
 
@@ -145,11 +146,19 @@ def _timing_case(kind: str, cfg, storage, tables, batch: int, device):
         q, ones = torch.randn(batch, hq, dim, **bf16), torch.ones(hkv, device=device)
         out = torch.empty_like(q)
         nbytes = batch * ctx * 2 * hkv * dim * storage.element_size()
-        return lambda: gqa_decode(q, storage, tables, ones, ones, dim**-0.5, out=out), nbytes
+
+        def gqa():
+            gqa_decode(q, storage, tables, ones, ones, dim**-0.5, out=out, fp8_dot=fp8_dot)
+
+        return gqa, nbytes
     heads, lora, rope = cfg["mla"]
     q, out = torch.randn(batch, heads, lora + rope, **bf16), torch.empty(batch, heads, lora, **bf16)
     nbytes = batch * ctx * (lora + rope) * storage.element_size()
-    return lambda: mla_decode(q, storage, tables, lora, 1.0, 1.0, 0.07, out=out), nbytes
+
+    def mla():
+        mla_decode(q, storage, tables, lora, 1.0, 1.0, 0.07, out=out, fp8_dot=fp8_dot)
+
+    return mla, nbytes
 
 
 def decode_timings(cfg, device, flush) -> list[dict]:
@@ -177,6 +186,10 @@ def decode_timings(cfg, device, flush) -> list[dict]:
                         fn, nbytes = _timing_case(kind, cfg, storage, tables, batch, device)
                         ms = timed_ms(fn, device, cfg["iters"], cfg["warmup"], flush)
                         measured[batch, kv] = (ms, nbytes / (ms * 1e-3) / 1e9)
+                        if kv == "fp8":  # the same pages widened to bf16 (the old kernel)
+                            fn, _ = _timing_case(kind, cfg, storage, tables, batch, device, False)
+                            ms = timed_ms(fn, device, cfg["iters"], cfg["warmup"], flush)
+                            measured[batch, "fp8_widen"] = (ms, nbytes / (ms * 1e-3) / 1e9)
                     storage = None
                     free_memory(device)
             except Exception as err:  # report the shape that failed; time the others
@@ -186,13 +199,17 @@ def decode_timings(cfg, device, flush) -> list[dict]:
                 continue
             for batch in cfg["batches"]:
                 (b_ms, b_bw), (f_ms, f_bw) = measured[batch, "bf16"], measured[batch, "fp8"]
+                w_ms = measured[batch, "fp8_widen"][0]
                 rows.append(dict(kind=kind, context=ctx, batch=batch, bf16_ms=b_ms, fp8_ms=f_ms,
-                                 speedup=b_ms / f_ms, bf16_gbs=b_bw, fp8_gbs=f_bw))  # fmt: skip
+                                 speedup=b_ms / f_ms, bf16_gbs=b_bw, fp8_gbs=f_bw,
+                                 fp8_widen_ms=w_ms, e4m3_dot_gain=w_ms / f_ms))  # fmt: skip
     return rows
 
 
 def tile_sweep(cfg, device, flush) -> list[dict]:
-    """FP8 GQA decode at the target context under other (BLOCK_N, num_warps): tuning data."""
+    """FP8 GQA decode (the e4m3 kernel, decode_fp8.py) at the target context under other
+    (BLOCK_N, num_warps): tuning data. Below 64 positions a tile, Hopper runs the dots
+    on fp16 mma.sync instead of e4m3 wgmma."""
     from engine.attention.triton import decode
     from engine.attention.triton.common import StepTables
 
@@ -201,10 +218,10 @@ def tile_sweep(cfg, device, flush) -> list[dict]:
     pages, top = -(-ctx // page), max(cfg["batches"])
     storage = torch.empty(top * pages * page, 2, hkv, dim, dtype=torch.uint8, device=device)
     fill_random_(storage, 1 / 16)
-    default = decode.BLOCK_N, decode.NUM_WARPS
+    default = decode.FP8_BLOCK_N, decode.FP8_NUM_WARPS
     try:
         for block_n, warps in cfg["sweep_tiles"]:
-            decode.BLOCK_N, decode.NUM_WARPS = block_n, warps
+            decode.FP8_BLOCK_N, decode.FP8_NUM_WARPS = block_n, warps
             for batch in cfg["batches"]:
                 table = torch.randperm(top * pages)[: batch * pages].view(batch, pages)
                 lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
@@ -217,7 +234,7 @@ def tile_sweep(cfg, device, flush) -> list[dict]:
                 except Exception as err:
                     rows.append(dict(block_n=block_n, warps=warps, batch=batch, error=repr(err)))
     finally:
-        decode.BLOCK_N, decode.NUM_WARPS = default
+        decode.FP8_BLOCK_N, decode.FP8_NUM_WARPS = default
         storage = None
         free_memory(device)
     return rows
@@ -277,7 +294,8 @@ def table(result: dict) -> str:
     copy = result.get("copy_gbs", float("nan"))  # absent with --quant-only
     lines = [
         f"copy bandwidth {copy:,.0f} GB/s on {result['env']['device']}",
-        f"{'kind':<5}{'ctx':>8}{'batch':>6}{'bf16 ms':>10}{'fp8 ms':>10}{'x':>6}{'fp8 GB/s':>10}{'% copy':>8}",
+        f"{'kind':<5}{'ctx':>8}{'batch':>6}{'bf16 ms':>10}{'fp8 ms':>10}{'x':>6}{'fp8 GB/s':>10}"
+        f"{'% copy':>8}{'widened ms':>12}",
     ]
     if "decode" not in result:
         lines = [f"on {result['env']['device']}"]
@@ -288,6 +306,7 @@ def table(result: dict) -> str:
         lines.append(
             f"{r['kind']:<5}{r['context']:>8}{r['batch']:>6}{r['bf16_ms']:>10.3f}{r['fp8_ms']:>10.3f}"
             f"{r['speedup']:>6.2f}{r['fp8_gbs']:>10,.0f}{100 * r['fp8_gbs'] / copy:>7.0f}%"
+            f"{r['fp8_widen_ms']:>12.3f}"
         )
     best = {}
     for r in result.get("decode_tile_sweep", []):

@@ -102,11 +102,40 @@ def _gqa_case(cfg, device, exact_casts, kind, qlens, lens, hq, hkv, dim, kv) -> 
     storage[new] = stored  # keep torch's bytes for the comparison below
     out = torch.full_like(q, float("nan"))
     args = (q, storage, step_tables(meta, page), ks, vs, dim**-0.5)
-    (gqa_decode if kind == "decode" else prefill_attention)(*args, out=out)
+    if kind == "decode":  # the widening path, which computes as torch does
+        gqa_decode(*args, out=out, fp8_dot=False)
+    else:
+        prefill_attention(*args, out=out)
     res = check(f"gqa {kind} {kv} {hq}/{hkv}x{dim}", rel_err(out, ref))
     res["write_bit_exact"] = same if exact_casts else f"{same} (interpreter: not enforced)"
     res["ok"] = res["ok"] and (same or not exact_casts)
+    if kind == "decode" and pool.is_fp8:
+        res.update(_fp8_dot_check(args, meta, lens))
+        res["ok"] = res["ok"] and res["fp8_dot_within_bound"]
     return res
+
+
+def _fp8_dot_check(args, meta, lens) -> dict:
+    """FP8 decode on e4m3 tensor cores (the default where the GPU has them) within the
+    bound engine.testing.fp8_decode_bound derives, row by row."""
+    from engine.attention.triton.common import choose_fp8_dot
+    from engine.attention.triton.decode import gqa_decode
+    from engine.testing.fp8_decode_bound import (
+        BF16_OUTPUT_ROUNDING,
+        excess_over_bound,
+        gqa_reference_and_bound,
+    )
+
+    q, storage, _, ks, vs, scale = args
+    default = choose_fp8_dot(q, storage, None)
+    out = gqa_decode(*args, out=torch.full_like(q, float("nan")), fp8_dot=True)
+    excess = -math.inf
+    for row, length in enumerate(lens):
+        stored = storage[meta.context_slots[row, :length]]
+        ref, bound = gqa_reference_and_bound(q[row], stored, ks, vs, scale)
+        excess = max(excess, excess_over_bound(out[row], ref, bound, BF16_OUTPUT_ROUNDING))
+    within = excess <= 0 and not out.isnan().any().item()
+    return {"fp8_dot_default": default, "fp8_dot_excess": excess, "fp8_dot_within_bound": within}
 
 
 def gqa_checks(cfg, device, exact_casts: bool) -> list[dict]:
@@ -153,13 +182,49 @@ def _mla_case(cfg, device, exact_casts, heads, kv) -> dict:
     )
     ref = mla_attention(0, *args, pools[0], meta, dims, 0.07, path="absorbed")
     backend = TritonAttentionBackend()
+    backend.fp8_dot = False  # the widening path, which computes as torch does
     out = mla_attention(0, *args, pools[1], meta, dims, 0.07, backend=backend)
     res = check(f"mla decode {kv} {heads}h {lora}+{rope}", rel_err(out, ref))
     same = bool(torch.equal(_bytes(pools[1].storage[0][last]), _bytes(pools[0].storage[0][last])))
     res["write_bit_exact"] = same
     res["kernel_used"] = backend.mla_decode_calls == 1
     res["ok"] = res["ok"] and same and res["kernel_used"]
+    if pools[1].is_fp8:
+        res.update(_mla_fp8_dot_check(pools[1], meta, lens, heads, lora, rope))
+        res["ok"] = res["ok"] and res["fp8_dot_within_bound"]
     return res
+
+
+def _mla_fp8_dot_check(pool, meta, lens, heads, lora, rope) -> dict:
+    """MLA decode on e4m3 tensor cores (the default where the GPU has them) over the
+    stored rows, within engine.testing.fp8_decode_bound's bound, row by row."""
+    from engine.attention.triton.common import choose_fp8_dot, step_tables
+    from engine.attention.triton.mla_decode import mla_decode
+    from engine.testing.fp8_decode_bound import (
+        BF16_OUTPUT_ROUNDING,
+        excess_over_bound,
+        mla_reference_and_bound,
+    )
+
+    storage = pool.storage[0]
+    latent_scale, rope_scale, softmax_scale = 1 / 16, 1 / 8, 0.07
+    q = torch.randn(len(lens), heads, lora + rope, device=storage.device, dtype=torch.bfloat16)
+    tables = step_tables(meta, pool.page_size)
+    out = mla_decode(q, storage, tables, lora, latent_scale, rope_scale, softmax_scale,
+                     fp8_dot=True)  # fmt: skip
+    excess = -math.inf
+    for row, length in enumerate(lens):
+        stored = storage[meta.context_slots[row, :length]]
+        ref, bound = mla_reference_and_bound(
+            q[row], stored, lora, latent_scale, rope_scale, softmax_scale
+        )
+        excess = max(excess, excess_over_bound(out[row], ref, bound, BF16_OUTPUT_ROUNDING))
+    within = excess <= 0 and not out.isnan().any().item()
+    return {
+        "fp8_dot_default": choose_fp8_dot(q, storage, None),
+        "fp8_dot_excess": excess,
+        "fp8_dot_within_bound": within,
+    }
 
 
 def mla_checks(cfg, device, exact_casts: bool) -> list[dict]:

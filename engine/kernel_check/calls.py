@@ -59,15 +59,43 @@ def gqa_attention(shape: ModelShape, tp: int, kv: str, limits: EngineLimits) -> 
 
     for batch, context in split_points(plan, limits.max_batch, shape.context, MIN_SPLIT_TOKENS):
         q = meta(batch, q_heads, dim)
-        gqa_decode(q, storage, _tables(batch, context, 1, page), scales, scales, dim**-0.5)
+        tables = _tables(batch, context, 1, page)
+        # The launcher's own choice (FP8 pages: e4m3 tensor-core dots where the GPU has
+        # them), and for FP8 pages also the widening path (fp8_dot=False).
+        gqa_decode(q, storage, tables, scales, scales, dim**-0.5)
+        if kv == "fp8_e4m3":
+            gqa_decode(q, storage, tables, scales, scales, dim**-0.5, fp8_dot=False)
     q = meta(tokens, q_heads, dim)
     tables = _tables(1, shape.context, tokens, page)
     prefill_attention(q, storage, tables, scales, scales, dim**-0.5)
+    fused_rope_write(shape, tp, kv, limits)
+
+
+def fused_rope_write(shape: ModelShape, tp: int, kv: str, limits: EngineLimits) -> None:
+    """Rotary + K/V rotation + KV write in one kernel (rope_write.py), as the backend calls it
+    for GQA layers: every rotary width in both layouts (the model class's choice), with and
+    without the Hadamard rotation (`--kv-rotation`), at each token tile (decode, prefill)."""
+    from engine.attention.triton.rope_write import rope_rotate_write, rope_write_tiles
+    from engine.kv.rotation import hadamard_block_size
+
+    q_heads, kv_heads = shape.rank_heads(tp)
+    dim = shape.head_dim
+    storage = meta(limits.max_tokens + limits.page_size, 2, kv_heads, dim, dtype=KV_STORAGE[kv])
+    scales = meta(kv_heads, dtype=torch.float32) if kv == "fp8_e4m3" else None
+    for tokens in first_of_each(rope_write_tiles, range(1, limits.max_tokens + 1)):
+        q, k, v = meta(tokens, q_heads + 2 * kv_heads, dim).split([q_heads, kv_heads, kv_heads], 1)
+        positions = slots = meta(tokens, dtype=torch.long)
+        for rotary_dim in shape.rotary_dims:
+            table = meta(shape.context, rotary_dim // 2, dtype=torch.float32)
+            for interleaved in (False, True):
+                for block in (None, hadamard_block_size(dim)):
+                    rope_rotate_write(q, k, v, positions, table, table, rotary_dim, interleaved,
+                                      block, storage, slots, scales, scales)  # fmt: skip
 
 
 def mla_attention(shape: ModelShape, tp: int, kv: str, limits: EngineLimits) -> None:
     """Latent write and absorbed MLA decode (one step per merge width), as the backend calls them."""
-    from engine.attention.triton.common import MIN_SPLIT_TOKENS
+    from engine.attention.triton.common import MIN_SPLIT_TOKENS, choose_fp8_dot
     from engine.attention.triton.kv_write import write_mla
     from engine.attention.triton.mla_decode import mla_decode, split_plan
 
@@ -80,13 +108,21 @@ def mla_attention(shape: ModelShape, tp: int, kv: str, limits: EngineLimits) -> 
     write_mla(storage, meta(tokens, dtype=torch.long), meta(tokens, lora), meta(tokens, rope),
               scales)  # fmt: skip
 
-    def plan(batch: int, context: int) -> int:
-        return split_plan(batch, heads, context, storage.device)[0]
-
     scale = (shape.head_dim or width) ** -0.5  # any float: a runtime argument
-    for batch, context in split_points(plan, limits.max_batch, shape.context, MIN_SPLIT_TOKENS):
-        q = meta(batch, heads, width)
-        mla_decode(q, storage, _tables(batch, context, 1, page), lora, 1.0, 1.0, scale)
+    # None: the launcher's own choice, FP8 tensor-core dots (FP8_DOT) for FP8 rows and bf16
+    # queries on a GPU that has them, bf16 dots for BF16 rows; False: the widening path
+    # FP8 rows keep. The two paths tile the context differently, so each plans its splits.
+    for fp8_dot in (None, False) if kv == "fp8_e4m3" else (None,):
+        fp8 = choose_fp8_dot(meta(1, heads, width), storage, fp8_dot)
+
+        def plan(batch: int, context: int, fp8: bool = fp8) -> int:
+            return split_plan(batch, heads, context, storage.device, fp8_dot=fp8)[0]
+
+        for batch, context in split_points(plan, limits.max_batch, shape.context,
+                                           MIN_SPLIT_TOKENS):  # fmt: skip
+            q = meta(batch, heads, width)
+            tables = _tables(batch, context, 1, page)
+            mla_decode(q, storage, tables, lora, 1.0, 1.0, scale, fp8_dot=fp8_dot)
 
 
 def packed_linears(shape: ModelShape, form: str, limits: EngineLimits) -> None:

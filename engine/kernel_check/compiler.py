@@ -31,7 +31,7 @@ from pathlib import Path
 from engine.kernel_check.gpus import CheckedGPU, cuobjdump_path, target
 from engine.kernel_check.plan import Launch
 
-CACHE_VERSION = 2  # bump when the cached record's fields change
+CACHE_VERSION = 3  # bump when the cached record's fields change
 _PLAIN_GLOBAL = re.compile(r"Cannot access global variable (\w+)")
 _RESOURCE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 
@@ -58,6 +58,31 @@ def cache_key(launch: Launch, gpu: CheckedGPU) -> str:
          options.hash()]
     )  # fmt: skip
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+_MMA_FORMS = (
+    # Hopper: warpgroup MMA, shape and the A/B operand types.
+    (re.compile(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.\w+\.(\w+)\.(\w+)"), "wgmma"),
+    # Ampere-style warp MMA (also what Hopper runs for dots of fewer than 64 rows).
+    (
+        re.compile(r"mma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.\w+\.(\w+)\.(\w+)"),
+        "mma.sync",
+    ),
+    # Blackwell: tensor-memory MMA, named by its operand kind (f8f6f4: the 8/6/4-bit floats).
+    (re.compile(r"tcgen05\.mma\.cta_group::\d\.kind::(\w+)"), "tcgen05.mma"),
+)
+
+
+def tensor_core_ops(ptx: str) -> list[str]:
+    """The tensor-core instructions a kernel's PTX uses, one entry per distinct form:
+    "wgmma m64n16k32 e4m3.e4m3", "mma.sync m16n8k16 f16.f16", "tcgen05.mma f8f6f4"."""
+    found = set()
+    for pattern, name in _MMA_FORMS:
+        for match in pattern.finditer(ptx):
+            groups = match.groups()
+            operands = ".".join(groups[1:]) if len(groups) > 1 else ""
+            found.add(" ".join(part for part in (name, groups[0], operands) if part))
+    return sorted(found)
 
 
 def cubin_resources(cubin: bytes) -> dict[str, int]:
@@ -130,7 +155,8 @@ def compile_launch(launch: Launch, gpu: CheckedGPU, use_cache: bool = True) -> d
     try:
         kernel = triton.compile(_source(launch), target=target(gpu),
                                 options=dict(launch.options.__dict__))  # fmt: skip
-        record = dict(cubin_resources(kernel.asm["cubin"]), shared=int(kernel.metadata.shared))
+        record = dict(cubin_resources(kernel.asm["cubin"]), shared=int(kernel.metadata.shared),
+                      mma=tensor_core_ops(kernel.asm["ptx"]))  # fmt: skip
     except Exception as exc:  # every compile failure is a finding, not a crash
         return dict(error=summarize_error(exc), error_detail=str(exc), cached=False,
                     seconds=round(time.perf_counter() - start, 2))  # fmt: skip

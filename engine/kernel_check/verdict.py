@@ -3,10 +3,11 @@
 A launch fails when it does not compile, when it asks for more shared
 memory than one block may have on the GPU, or when it spills registers to
 local memory in a kernel that must not: decode attention (the merge
-included), MLA decode, W4A16, FP8-block, fused MoE and the layer ops (norms,
-SwiGLU, rotary) are the decode path's bandwidth-bound kernels, where a spill
-is a round trip to memory inside the loop that should only stream weights,
-KV pages or activations. Elsewhere a spill is reported, not failed. A
+included), MLA decode, W4A16, FP8-block, fused MoE, the layer ops (norms,
+SwiGLU, rotary) and the fused rotary + KV write are the decode path's
+bandwidth-bound kernels, where a spill is a round trip to memory inside
+the loop that should only stream weights, KV pages or activations.
+Elsewhere a spill is reported, not failed. A
 `*_kernel` in the kernel packages that no planned launch reaches fails too:
 it would be a kernel nothing checks.
 """
@@ -19,12 +20,19 @@ from engine.kernel_check.plan import Launch
 # Kernels that must not spill, by module (the module names the kernel's purpose).
 SPILL_FREE_MODULES = {
     "engine.attention.triton.decode": "decode attention",
+    "engine.attention.triton.decode_fp8": "FP8 decode attention",
     "engine.attention.triton.mla_decode": "MLA decode",
     "engine.gpu_kernels.w4a16": "W4A16 GEMM",
     "engine.gpu_kernels.fp8_block_gemm": "FP8-block GEMM",
     "engine.gpu_kernels.fused_moe": "fused MoE",
     "engine.gpu_kernels.layer_ops": "a layer op (norm, SwiGLU, rotary)",
+    "engine.attention.triton.rope_write": "the fused rotary + K/V rotation + KV write",
 }
+# Launches whose point is to multiply e4m3 on tensor cores: the FP8 decode kernel, and any
+# launch configured with FP8_DOT=True. Compiled to anything else (Triton turns a dot of
+# fewer than 64 rows into fp16 mma.sync after converting every byte), they lose the gain.
+FP8_TENSOR_CORE_MODULES = {"engine.attention.triton.decode_fp8"}
+FP8_MMA_MARKS = ("e4m3.e4m3", "f8f6f4")  # wgmma's operand types; tcgen05's operand kind
 USED_BY_KEPT = 8  # deployments listed per row in the JSON (the count is always there)
 
 
@@ -39,12 +47,25 @@ def problems(row: dict, gpu: CheckedGPU, spill_free: dict[str, str] | None = Non
             f"needs {row['shared']:,} B of shared memory; one {gpu.name} block may use "
             f"{gpu.shared_limit:,} B ({gpu.shared_limit // 1024} KiB): smaller tiles or fewer stages"
         )
+    if wants_fp8_tensor_cores(row) and "mma" in row:
+        mma = row["mma"]
+        if not any(mark in op for op in mma for mark in FP8_MMA_MARKS):
+            found.append(
+                f"multiplies {', '.join(mma) or 'without tensor cores'}, not e4m3 on tensor "
+                "cores: an FP8 dot wants 64 rows (swap its operands: positions as rows)"
+            )
     if row["spilled"] and row["module"] in spill_free:
         found.append(
             f"spills {row['spilled']} B per thread to local memory at {row['registers']} "
             f"registers; {spill_free[row['module']]} must not spill: smaller tiles or more warps"
         )
     return found
+
+
+def wants_fp8_tensor_cores(row: dict) -> bool:
+    return (
+        row["module"] in FP8_TENSOR_CORE_MODULES or "FP8_DOT=True" in row.get("config", "").split()
+    )
 
 
 def make_row(

@@ -50,11 +50,37 @@ class RotatedKVAttention:
 
     kv_rotation: HadamardRotation | None = None
     head_dim: int
+    # What `fused_attention` hands the backend; the attention classes set them.
+    layer: int
+    rotary: RotaryEmbedding
+    scale: float
 
     def enable_kv_rotation(self, batch_invariant: bool = False) -> str:
         if self.kv_rotation is None:
             self.kv_rotation = HadamardRotation(self.head_dim, batch_invariant)
         return f"K and V heads: {self.kv_rotation.describe()}, at run time"
+
+    def fused_attention(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        ctx: ForwardContext,
+    ) -> torch.Tensor | None:
+        """Rotary, rotation, KV write and attention with the first three as the backend's
+        one kernel (the Triton backend's `rope_rotate_write`) on q, k, v before rotary;
+        the attention output (still rotated: the caller undoes it), or None where the
+        backend has no such kernel or it does not apply (nothing is done then)."""
+        fused = getattr(ctx.backend, "rope_rotate_write", None)
+        if fused is None:
+            return None
+        rotated_q = fused(
+            self.layer, q, k, v, positions, self.rotary, self.kv_rotation, ctx.pool, ctx.meta
+        )
+        if rotated_q is None:
+            return None
+        return ctx.backend.attend(self.layer, rotated_q, ctx.pool, ctx.meta, self.scale)
 
 
 class PreNormDecoderLayer(nn.Module):
@@ -105,12 +131,15 @@ class GQAAttention(RotatedKVAttention, nn.Module):
         qkv = self.qkv_proj(x)
         heads = self.num_heads + 2 * self.num_kv_heads
         qkv = qkv.view(-1, heads, self.head_dim)
-        # q and k heads are adjacent: rotate them in one call.
-        self.rotary(positions, qkv[:, : self.num_heads + self.num_kv_heads], ctx.step_cache)
-        if self.kv_rotation is not None:  # after RoPE: q, k and v in one product
-            qkv = self.kv_rotation.rotate(qkv)
-        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
-        out = ctx.backend.forward(self.layer, q, k, v, ctx.pool, ctx.meta, self.scale)
+        split = [self.num_heads, self.num_kv_heads, self.num_kv_heads]
+        out = self.fused_attention(positions, *qkv.split(split, dim=1), ctx)
+        if out is None:
+            # q and k heads are adjacent: rotate them in one call.
+            self.rotary(positions, qkv[:, : self.num_heads + self.num_kv_heads], ctx.step_cache)
+            if self.kv_rotation is not None:  # after RoPE: q, k and v in one product
+                qkv = self.kv_rotation.rotate(qkv)
+            q, k, v = qkv.split(split, dim=1)
+            out = ctx.backend.forward(self.layer, q, k, v, ctx.pool, ctx.meta, self.scale)
         if self.kv_rotation is not None:  # the values were rotated: undo it (H H = I)
             out = self.kv_rotation.rotate(out)
         return parallel.all_reduce(self.o_proj(out.flatten(1)))

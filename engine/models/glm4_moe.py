@@ -66,14 +66,17 @@ class Glm4MoeAttention(RotatedKVAttention, nn.Module):
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-            self.rotary(positions, q, ctx.step_cache)
-            self.rotary(positions, k, ctx.step_cache)
-        else:
-            # q and k heads are adjacent: rotate them in one call.
-            self.rotary(positions, qkv[:, : self.num_heads + self.num_kv_heads], ctx.step_cache)
-        if self.kv_rotation is not None:  # after RoPE (see RotatedKVAttention)
-            q, k, v = (self.kv_rotation.rotate(t) for t in (q, k, v))
-        out = ctx.backend.forward(self.layer, q, k, v, ctx.pool, ctx.meta, self.scale)
+        out = self.fused_attention(positions, q, k, v, ctx)  # None: the steps below
+        if out is None:
+            if self.q_norm is not None:
+                self.rotary(positions, q, ctx.step_cache)
+                self.rotary(positions, k, ctx.step_cache)
+            else:
+                # q and k heads are adjacent: rotate them in one call.
+                self.rotary(positions, qkv[:, : self.num_heads + self.num_kv_heads], ctx.step_cache)
+            if self.kv_rotation is not None:  # after RoPE (see RotatedKVAttention)
+                q, k, v = (self.kv_rotation.rotate(t) for t in (q, k, v))
+            out = ctx.backend.forward(self.layer, q, k, v, ctx.pool, ctx.meta, self.scale)
         if self.kv_rotation is not None:  # the values were rotated: undo it (H H = I)
             out = self.kv_rotation.rotate(out)
         return parallel.all_reduce(self.o_proj(out.flatten(1)))

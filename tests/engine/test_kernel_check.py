@@ -100,3 +100,44 @@ def test_compile_errors_are_summarized_with_the_place_and_the_fix():
         "Cannot access global variable INT4: a module global read inside a kernel must be a "
         "tl.constexpr(...) (at 43:32)"
     )
+
+
+PTX_SAMPLES = """
+    wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%f1, %f2}, %rd1, %rd2, p, 1, 1;
+    mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f3}, {%r1}, {%r2}, {%f4};
+    mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f5}, {%r3}, {%r4}, {%f6};
+    tcgen05.mma.cta_group::1.kind::f8f6f4 [ %r366 + 0 ], [ %r367 + 0 ], %rd149, %r368, %p11;
+"""
+
+
+def test_tensor_core_instructions_are_read_from_the_ptx():
+    from engine.kernel_check.compiler import tensor_core_ops
+
+    assert tensor_core_ops(PTX_SAMPLES) == [
+        "mma.sync m16n8k16 f16.f16",
+        "tcgen05.mma f8f6f4",
+        "wgmma m64n16k32 e4m3.e4m3",
+    ]
+    assert tensor_core_ops("add.f32 %f1, %f2, %f3;") == []
+
+
+@pytest.mark.parametrize(
+    "module, config, mma, fails",
+    [
+        ("engine.attention.triton.decode_fp8", "BLOCK_N=64 warps=4", ["wgmma m64n16k32 e4m3.e4m3"], False),
+        ("engine.attention.triton.decode_fp8", "BLOCK_N=64 warps=4", ["tcgen05.mma f8f6f4"], False),
+        # Converted to fp16 first: the FP8 kernel lost its point.
+        ("engine.attention.triton.decode_fp8", "BLOCK_N=32 warps=4", ["mma.sync m16n8k16 f16.f16"], True),
+        ("engine.attention.triton.mla_decode", "FP8_DOT=True warps=8", [], True),
+        ("engine.attention.triton.mla_decode", "FP8_DOT=False warps=8", ["mma.sync m16n8k16 bf16.bf16"], False),
+    ],
+)  # fmt: skip
+def test_fp8_dots_must_run_on_e4m3_tensor_cores(module, config, mma, fails):
+    from engine.kernel_check.gpus import H200
+    from engine.kernel_check.verdict import problems
+
+    row = dict(module=module, config=config, mma=mma, registers=128, spilled=0, shared=1024)
+    found = problems(row, H200)
+    assert bool(found) == fails
+    if fails:
+        assert "not e4m3 on tensor cores" in found[0]

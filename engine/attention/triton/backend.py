@@ -12,6 +12,11 @@ Scales reach the kernels as float32 [kv_heads] tensors from
 per-KV-head scales need no kernel change. While a layer's FP8 scales are
 still to be calibrated, or the pool is observing what is written, the pool's
 own write runs instead of the kernel.
+
+GQA layers first ask `rope_rotate_write` for the fused path (rope_write.py:
+rotary, the Hadamard K/V rotation and the KV write as one kernel), then
+`attend`; where it does not apply (it returns None) they run rotary and
+rotation themselves and call `forward`, which is the write and `attend`.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from engine.attention.triton.decode import gqa_decode
 from engine.attention.triton.kv_write import write_gqa, write_mla
 from engine.attention.triton.mla_decode import mla_decode
 from engine.attention.triton.prefill import prefill_attention
+from engine.attention.triton.rope_write import fused_rope_write_applies, rope_rotate_write
 from engine.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -55,6 +61,9 @@ def needs_pool_write(pool, layer: int) -> bool:
 
 class TritonAttentionBackend:
     name = "triton"
+    # Whether GQA layers get the fused rotary + rotation + KV write (rope_rotate_write);
+    # off, they run the three steps (tests and benchmarks compare the two).
+    fuse_rope_write = True
 
     def __init__(self, fallback=None):
         # The engine builds its backend at start: a Triton too old for the kernels
@@ -72,6 +81,10 @@ class TritonAttentionBackend:
         # without the interpreter) go to it; without one they are an error.
         self.fallback = fallback
         self.mla_decode_calls = 0  # how often MLA decode ran here (benchmarks report it)
+        self.rope_write_calls = 0  # how often the fused rotary + KV write ran (likewise)
+        # Decode over FP8 pages on e4m3 tensor cores: None is the kernels' default (where
+        # the GPU has them); False widens the bytes instead (exact comparisons in tests).
+        self.fp8_dot: bool | None = None
         self._scales: dict[tuple, object] = {}  # device copies of scales, see _layer_scales
 
     def _runs_here(self, x: torch.Tensor) -> bool:
@@ -126,20 +139,78 @@ class TritonAttentionBackend:
         meta: AttentionMetadata,
         softmax_scale: float,
     ) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] -> attention output [T, Hq, D]."""
+        """q [T, Hq, D], k/v [T, Hkv, D] -> attention output [T, Hq, D]: the KV write, then
+        `attend`."""
         if not self._runs_here(q):
             return self.fallback.forward(layer, q, k, v, pool, meta, softmax_scale)
-        storage = pool.storage[layer]
-        through_pool = needs_pool_write(pool, layer)
-        if through_pool:
+        if needs_pool_write(pool, layer):
             pool.write(layer, k, v, meta.slot_mapping)
+        else:
+            k_scales, v_scales = self._layer_scales(pool, layer)
+            write_gqa(pool.storage[layer], meta.slot_mapping, k, v, k_scales, v_scales)
+        return self.attend(layer, q, pool, meta, softmax_scale)
+
+    def attend(
+        self, layer: int, q: torch.Tensor, pool, meta: AttentionMetadata, softmax_scale: float
+    ) -> torch.Tensor:
+        """Attention of q [T, Hq, D] over the context in the pool, this step's K/V already
+        written (by `forward` or `rope_rotate_write`) -> [T, Hq, D]."""
+        storage = pool.storage[layer]
         k_scales, v_scales = self._layer_scales(pool, layer)
-        if not through_pool:
-            write_gqa(storage, meta.slot_mapping, k, v, k_scales, v_scales)
         tables = step_tables(meta, pool.page_size)
         if meta.decode_only:
-            return gqa_decode(q, storage, tables, k_scales, v_scales, softmax_scale)
+            return gqa_decode(
+                q, storage, tables, k_scales, v_scales, softmax_scale, fp8_dot=self.fp8_dot
+            )
         return prefill_attention(q, storage, tables, k_scales, v_scales, softmax_scale)
+
+    def rope_rotate_write(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        rotary,
+        rotation,
+        pool,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor | None:
+        """Rotary on q and k, the K/V rotation (`rotation`: a HadamardRotation or None) on
+        q, k and v, and the K/V write, as one kernel -> the rotated q [T, Hq, D] for `attend`.
+
+        q, k, v as the qkv projection gives them (before rotary); `rotary` a
+        RotaryEmbedding. None, with nothing done, where the kernel does not apply: turned
+        off, tensors it cannot run on (CPU without the interpreter), a pool that must
+        write itself (calibrating or observing this layer), deterministic mode's
+        butterfly rotation, tables or layouts the kernel does not take. The caller then
+        runs the three steps and `forward`.
+        """
+        if not self.fuse_rope_write or not (q.is_cuda or interpreting()):
+            return None
+        if getattr(pool, "layout_kind", None) != "gqa" or needs_pool_write(pool, layer):
+            return None
+        storage = pool.storage[layer]
+        if not fused_rope_write_applies(q, k, v, positions, rotary, rotation, storage):
+            return None
+        k_scales, v_scales = self._layer_scales(pool, layer) if pool.is_fp8 else (None, None)
+        rotated = rope_rotate_write(
+            q,
+            k,
+            v,
+            positions,
+            rotary.cos,
+            rotary.sin,
+            rotary.rotary_dim,
+            rotary.interleaved,
+            None if rotation is None else rotation.block,
+            storage,
+            meta.slot_mapping,
+            k_scales,
+            v_scales,
+        )
+        self.rope_write_calls += 1
+        return rotated
 
     def mla_decode(
         self,
@@ -175,7 +246,8 @@ class TritonAttentionBackend:
         queries = torch.cat([q_latent, q_rope.to(q_latent.dtype)], dim=-1)
         tables = step_tables(meta, pool.page_size)
         out_latent = mla_decode(
-            queries, storage, tables, r, latent_scale, rope_scale, softmax_scale
-        )
+            queries, storage, tables, r, latent_scale, rope_scale, softmax_scale,
+            fp8_dot=self.fp8_dot,
+        )  # fmt: skip
         self.mla_decode_calls += 1
         return torch.einsum("thr,hvr->thv", out_latent, w_uv)

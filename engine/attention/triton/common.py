@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from engine.attention.triton import interpreting
+from engine.attention.triton.target import capability
 from engine.kv.quant import FP8_MAX
 
 LOG2E = 1.4426950408889634  # kernels use exp2, so scores are scaled by log2(e)
@@ -91,8 +92,9 @@ def quantize_rows_e4m3(x, ROW_MAX: tl.constexpr):
     whose other operand is already e4m3 (decode queries against FP8 pages).
     """
     amax = tl.max(tl.abs(x), 1)
-    scale = tl.where(amax > 0, amax / ROW_MAX, 1.0)
-    q = round_to_e4m3(x / scale[:, None])
+    # IEEE divisions (a GPU's `/` is approximate), so the bytes are torch's.
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, ROW_MAX), 1.0)
+    q = round_to_e4m3(tl.math.div_rn(x, scale[:, None]))
     return q.to(tl.float8e4nv), scale
 
 
@@ -117,9 +119,28 @@ def fp8_dot_supported(device: torch.device) -> bool:
     multiplies them exactly in software (CPU tests)."""
     if interpreting():
         return True
-    if device.type != "cuda":
-        return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    found = capability(device)  # a CUDA device's, or the compile check's planned GPU's
+    return found is not None and found >= (8, 9)
+
+
+def choose_fp8_dot(q: torch.Tensor, storage: torch.Tensor, fp8_dot: bool | None) -> bool:
+    """Whether a decode kernel multiplies e4m3 on tensor cores (queries and softmax
+    weights quantized) or widens the stored bytes to the activations' dtype.
+
+    None is the default: FP8 pages, bf16/fp16 activations (fp32 ones asked for full
+    precision) and a GPU with FP8 tensor cores; under the interpreter any activation
+    dtype, so the CPU tests run the path the GPU does. True forces it, which only
+    FP8 pages allow; False keeps the widening path.
+    """
+    is_fp8 = storage.dtype == torch.uint8
+    if fp8_dot is None:
+        wanted = interpreting() or q.dtype in (torch.bfloat16, torch.float16)
+        return is_fp8 and wanted and fp8_dot_supported(q.device)
+    if fp8_dot and not is_fp8:
+        raise ValueError(f"fp8_dot needs FP8 pages (uint8 storage), not {storage.dtype}")
+    if fp8_dot and not fp8_dot_supported(q.device):
+        raise ValueError("fp8_dot needs a GPU with FP8 tensor cores (compute capability 8.9+)")
+    return bool(fp8_dot)
 
 
 def dot_config(dtype: torch.dtype) -> tuple[tl.dtype, str]:

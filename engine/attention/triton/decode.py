@@ -33,11 +33,17 @@ from engine.attention.triton.common import (
     LOG2E,
     StepTables,
     block_size,
+    choose_fp8_dot,
     dot_config,
     load_as,
     min_split_tokens,
     plan_splits,
     split_range,
+)
+from engine.attention.triton.decode_fp8 import (
+    FP8_BLOCK_N,
+    FP8_NUM_WARPS,
+    gqa_decode_fp8_split_kernel,
 )
 from engine.attention.triton.target import sm_count
 
@@ -217,11 +223,18 @@ def split_buffers(
 
 
 def split_plan(
-    batch: int, kv_heads: int, max_len: int, device: torch.device, split_tokens: int | None = None
+    batch: int,
+    kv_heads: int,
+    max_len: int,
+    device: torch.device,
+    split_tokens: int | None = None,
+    block_n: int | None = None,
 ) -> tuple[int, int]:
     """(splits, tokens per split) of a decode step: one program per sequence and KV head
-    per split (the compile check plans its merge widths with this too)."""
-    return plan_splits(batch * kv_heads, max_len, BLOCK_N, sm_count(device), split_tokens)
+    per split (the compile check plans its merge widths with this too). `block_n`: the
+    kernel's tile (BLOCK_N, or FP8_BLOCK_N for the e4m3 kernel)."""
+    tile = block_n or BLOCK_N
+    return plan_splits(batch * kv_heads, max_len, tile, sm_count(device), split_tokens)
 
 
 def gqa_decode_splits(
@@ -232,12 +245,15 @@ def gqa_decode_splits(
     v_scales: torch.Tensor,
     softmax_scale: float,
     split_tokens: int | None = None,
+    fp8_dot: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The split kernel alone: (part_out [B, Hq, S, D], part_lse [B, Hq, S]) before the merge.
 
     S is planned from `tables.max_seq_len`; each sequence covers its own
     length with up to S splits (`split_range`); lse is -inf where a split saw
     nothing. Reads no device tensor on the host, so it can be graph-captured.
+    `fp8_dot` (`choose_fp8_dot`; None: where the GPU has FP8 tensor cores) runs
+    FP8 pages through decode_fp8.py's e4m3 kernel instead of widening them.
     """
     batch, q_heads, head_dim = q.shape
     kv_heads = storage.shape[2]
@@ -246,11 +262,25 @@ def gqa_decode_splits(
     if q.stride(-1) != 1:
         q = q.contiguous()
     group = q_heads // kv_heads
-    block_n = BLOCK_N  # read once: bench/gpu_check.py sweeps the module's tile
-    splits, split_size = split_plan(batch, kv_heads, tables.max_seq_len, q.device, split_tokens)
+    use_fp8_dot = choose_fp8_dot(q, storage, fp8_dot)
+    # Read once: bench/gpu_check.py sweeps the modules' tiles.
+    block_n = FP8_BLOCK_N if use_fp8_dot else BLOCK_N
+    splits, split_size = split_plan(
+        batch, kv_heads, tables.max_seq_len, q.device, split_tokens, block_n
+    )
     part_out, part_lse = split_buffers(batch, q_heads, splits, head_dim, q.device)
-    dot, precision = dot_config(q.dtype)
-    _gqa_decode_split_kernel[(batch, kv_heads, splits)](
+    if use_fp8_dot:
+        kernel, options = gqa_decode_fp8_split_kernel, {"num_warps": FP8_NUM_WARPS}
+    else:
+        dot, precision = dot_config(q.dtype)
+        kernel = _gqa_decode_split_kernel
+        options = {
+            "IS_FP8": storage.dtype == torch.uint8,
+            "DOT": dot,
+            "PRECISION": precision,
+            "num_warps": NUM_WARPS,
+        }
+    kernel[(batch, kv_heads, splits)](
         q,
         storage,
         tables.block_tables,
@@ -279,10 +309,7 @@ def gqa_decode_splits(
         PAGE_SIZE=tables.page_size,
         BLOCK_N=block_n,
         MIN_SPLIT=min_split_tokens(block_n),
-        IS_FP8=storage.dtype == torch.uint8,
-        DOT=dot,
-        PRECISION=precision,
-        num_warps=NUM_WARPS,
+        **options,
     )
     return part_out, part_lse
 
@@ -296,6 +323,7 @@ def gqa_decode(
     softmax_scale: float,
     out: torch.Tensor | None = None,
     split_tokens: int | None = None,
+    fp8_dot: bool | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D] (one query per sequence) over one layer's storage [slots, 2, Hkv, D] -> [B, Hq, D].
 
@@ -306,7 +334,7 @@ def gqa_decode(
     with seq_len 0 (graph padding) give zeros. No host synchronisation: the
     launch reads only Python ints and tensor shapes, never a device value.
     """
-    args = (q, storage, tables, k_scales, v_scales, softmax_scale, split_tokens)
+    args = (q, storage, tables, k_scales, v_scales, softmax_scale, split_tokens, fp8_dot)
     part_out, part_lse = gqa_decode_splits(*args)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -185,12 +185,17 @@ def written_rows(pool, layer: int, slots: torch.Tensor) -> torch.Tensor:
     return rows.view(torch.uint8) if rows.element_size() == 1 else rows.view(torch.int16)
 
 
-def torch_and_triton(case):
-    """The same step through the torch backend (pool 0) and the Triton one (pool 1): (out, ref)."""
+def torch_and_triton(case, fp8_dot: bool | None = False):
+    """The same step through the torch backend (pool 0) and the Triton one (pool 1): (out, ref).
+
+    FP8 decode widens the stored bytes as torch does (fp8_dot False), so the two
+    differ only in summation order; test_decode_fp8_dot.py bounds the e4m3 dots."""
     from engine.attention.torch_backend import TorchAttentionBackend
     from engine.attention.triton.backend import TritonAttentionBackend
 
     args = (LAYER, case.q, case.k, case.v)
     ref = TorchAttentionBackend().forward(*args, case.pools[0], case.meta, case.scale)
-    out = TritonAttentionBackend().forward(*args, case.pools[1], case.meta, case.scale)
+    triton_backend = TritonAttentionBackend()
+    triton_backend.fp8_dot = fp8_dot
+    out = triton_backend.forward(*args, case.pools[1], case.meta, case.scale)
     return out, ref

@@ -27,6 +27,7 @@ from engine.attention.triton.common import (  # noqa: E402
 )
 from engine.attention.triton.decode import (  # noqa: E402
     BLOCK_N,
+    FP8_BLOCK_N,
     gqa_decode,
     gqa_decode_splits,
     merge_splits,
@@ -217,8 +218,9 @@ def test_gqa_grid_planned_for_the_capacity_matches_reference(seed, device, kv_dt
     q, tables = step[0], step[2]
     eager = dataclasses.replace(tables, max_seq_len=max(MIXED_LENS))
     poisoned = torch.full_like(q, float("nan"))
-    out = gqa_decode(*step, out=poisoned)
-    eager_out = gqa_decode(*step[:2], eager, *step[3:])
+    # The widening path, exact up to summation order (test_decode_fp8_dot.py: e4m3 dots).
+    out = gqa_decode(*step, out=poisoned, fp8_dot=False)
+    eager_out = gqa_decode(*step[:2], eager, *step[3:], fp8_dot=False)
     assert not out.isnan().any() and not eager_out.isnan().any()
     for row, length in enumerate(MIXED_LENS):
         if length == 0:
@@ -229,15 +231,17 @@ def test_gqa_grid_planned_for_the_capacity_matches_reference(seed, device, kv_dt
         torch.testing.assert_close(out[row], eager_out[row], **tol)
 
 
-def test_gqa_each_sequence_fills_its_own_splits(seed, device, small_gpu):
-    """The grid is planned for the capacity; each row uses as many splits as its length wants."""
+@pytest.mark.parametrize("fp8_dot, block_n", [(False, BLOCK_N), (True, FP8_BLOCK_N)])
+def test_gqa_each_sequence_fills_its_own_splits(seed, device, small_gpu, fp8_dot, block_n):
+    """The grid is planned for the capacity; each row uses as many splits as its length
+    wants, in the widening kernel and in the e4m3 one (decode_fp8.py, its own tile)."""
     step = gqa_step(MIXED_LENS, "fp8_e4m3", torch.float32, device)
-    splits, per_capacity = split_plan(len(MIXED_LENS), 1, CAPACITY, device)
-    part_out, part_lse = gqa_decode_splits(*step)
+    splits, per_capacity = split_plan(len(MIXED_LENS), 1, CAPACITY, device, block_n=block_n)
+    part_out, part_lse = gqa_decode_splits(*step, fp8_dot=fp8_dot)
     assert part_lse.shape[-1] == splits > 1
     assert per_capacity > max(MIXED_LENS)  # a plan-wide split size would use one program
     filled = filled_splits(part_lse)
-    assert filled == expected_splits(MIXED_LENS, splits, BLOCK_N)
+    assert filled == expected_splits(MIXED_LENS, splits, block_n)
     assert filled[MIXED_LENS.index(300)] > 1 and filled[0] == 0
     empty = torch.isinf(part_lse)
     assert (part_out[empty] == 0).all()  # nothing seen: a zero partial, never garbage
@@ -277,8 +281,9 @@ def test_mla_grid_planned_for_the_capacity_matches_reference(seed, device, kv_dt
     tables = step[2]
     eager = dataclasses.replace(tables, max_seq_len=max(MIXED_LENS))
     poisoned = torch.full((len(MIXED_LENS), MLA_HEADS, LORA), float("nan"), device=device)
-    out = mla_decode(*step, out=poisoned)
-    eager_out = mla_decode(*step[:2], eager, *step[3:])
+    # The widening path, exact up to summation order (test_mla_decode_fp8.py: e4m3 dots).
+    out = mla_decode(*step, out=poisoned, fp8_dot=False)
+    eager_out = mla_decode(*step[:2], eager, *step[3:], fp8_dot=False)
     assert not out.isnan().any() and not eager_out.isnan().any()
     for row, length in enumerate(MIXED_LENS):
         if length == 0:

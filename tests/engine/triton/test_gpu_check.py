@@ -72,11 +72,11 @@ def test_smoke_run_checks_times_and_reports(gpu_check, tmp_path, capsys):
 def test_targets_and_table_flag_misses(gpu_check):
     rows = [
         dict(kind="gqa", context=32768, batch=16, bf16_ms=2.0, fp8_ms=1.0, speedup=2.0,
-             bf16_gbs=3000.0, fp8_gbs=3000.0),
+             bf16_gbs=3000.0, fp8_gbs=3000.0, fp8_widen_ms=1.9),
         dict(kind="gqa", context=32768, batch=1, bf16_ms=0.1, fp8_ms=0.08, speedup=1.25,
-             bf16_gbs=600.0, fp8_gbs=400.0),
+             bf16_gbs=600.0, fp8_gbs=400.0, fp8_widen_ms=0.09),
         dict(kind="mla", context=32768, batch=1, bf16_ms=0.1, fp8_ms=0.1, speedup=1.0,
-             bf16_gbs=1.0, fp8_gbs=1.0),
+             bf16_gbs=1.0, fp8_gbs=1.0, fp8_widen_ms=0.1),
         dict(kind="gqa", context=8192, error="RuntimeError('out of memory')"),
     ]  # fmt: skip
     verdicts = gpu_check.targets(rows, copy_gbs=4000.0)

@@ -34,6 +34,9 @@ def test_mla_decode_matches_torch_absorbed(
     scale = 0.13
     ref = mla_attention(LAYER, *args, case.pools[0], case.meta, dims, scale, path="absorbed")
     backend = TritonAttentionBackend()
+    # The widening path, exact up to summation order like the torch reference
+    # (test_mla_decode_fp8.py bounds the e4m3 tensor-core path, the default for FP8 rows).
+    backend.fp8_dot = False
     out = mla_attention(LAYER, *args, case.pools[1], case.meta, dims, scale, backend=backend)
     assert backend.mla_decode_calls == 1  # the hook ran the kernel, not the torch path
     torch.testing.assert_close(out, ref, **TOL)
@@ -44,7 +47,8 @@ def test_mla_decode_matches_torch_absorbed(
 
 
 def test_split_mla_decode_matches_reference(seed, device):
-    """Forced splits (some past a sequence's end) against softmax over dequantized rows."""
+    """Forced splits (some past a sequence's end) against softmax over dequantized rows
+    (the widening path; test_mla_decode_fp8.py checks the e4m3 one)."""
     dims = MLADims(num_heads=4, nope_dim=16, rope_dim=16, v_dim=16, lora_rank=32)
     lens, page, r = [70, 2, 33], 4, 32
     case = mla_case(dims, page, lens, "fp8_e4m3", device)
@@ -56,7 +60,16 @@ def test_split_mla_decode_matches_reference(seed, device):
     rows = pool.storage[LAYER]
     tables = step_tables(meta, page)
     out = mla_decode(
-        q, rows, tables, r, latent_scale, rope_scale, 0.2, out=poisoned, split_tokens=16
+        q,
+        rows,
+        tables,
+        r,
+        latent_scale,
+        rope_scale,
+        0.2,
+        out=poisoned,
+        split_tokens=16,
+        fp8_dot=False,
     )
     assert not out.isnan().any()
     for b, length in enumerate(lens):

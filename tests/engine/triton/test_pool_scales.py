@@ -71,7 +71,9 @@ def test_per_head_scales_match_torch_backend(seed, device, query_lens, context_l
     v = case.v / case.pools[0].v_scale[LAYER] * v_scale[LAYER].view(-1, 1).to(device)
     args = (LAYER, case.q, k, v)
     ref = TorchAttentionBackend().forward(*args, pools[0], case.meta, case.scale)
-    out = TritonAttentionBackend().forward(*args, pools[1], case.meta, case.scale)
+    triton_backend = TritonAttentionBackend()
+    triton_backend.fp8_dot = False  # widen as torch does: equal up to summation order
+    out = triton_backend.forward(*args, pools[1], case.meta, case.scale)
     torch.testing.assert_close(out, ref, **FP32_TOL)
     slots = case.meta.slot_mapping
     assert torch.equal(written_rows(pools[1], LAYER, slots), written_rows(pools[0], LAYER, slots))
