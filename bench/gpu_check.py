@@ -25,7 +25,9 @@
    decode tokens/s. `--skip-tp` leaves it out; it starts only within the budget.
 6. Layer ops (bench/gpu_check_layer_ops.py), GPU only: the Triton norm (with the
    residual add), SwiGLU and rotary kernels against TorchLayerOps on GLM-4.5 and
-   Kimi shapes at 1, 32 and 256 tokens, bit-exactness reported, both timed.
+   Kimi shapes at 1, 32 and 256 tokens, bit-exactness reported, both timed; and
+   the fused rotary + rotation + KV write against its three steps
+   (bench/gpu_check_rope_write.py).
    `--layer-ops-only` runs this part alone; `--skip-layer-ops` leaves it out.
 Prints a table last and writes JSON.
 """

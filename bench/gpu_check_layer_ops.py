@@ -183,7 +183,19 @@ def run_layer_ops(mode: str, device, timer) -> dict:
         for rows in cfg["rows"]:
             _guard(checks, f"layer ops {name} {rows} rows", lambda n=name, m=m, r=rows:
                    _model_rows(n, m, r, cfg, device, timed, checks, timings))  # fmt: skip
+            if not m.get("mla"):  # GQA: the fused rotary + rotation + KV write
+                _guard(checks, f"rope_write {name} {rows} rows", lambda n=name, m=m, r=rows:
+                       _rope_write(n, m, r, cfg, device, timed, checks, timings))  # fmt: skip
     return {"checks": checks, "timings": timings, "max_steps": MAX_STEPS}
+
+
+def _rope_write(name, m, rows, cfg, device, timed, checks, timings) -> None:
+    from bench.gpu_check_rope_write import rope_write_rows
+
+    check, timing = rope_write_rows(name, m, rows, cfg["dtype"], device,
+                                    lambda fn: timed(fn, cfg["iters"]))  # fmt: skip
+    checks.append(check)
+    timings.append(timing)
 
 
 def table_lines(layer_ops: dict) -> list[str]:

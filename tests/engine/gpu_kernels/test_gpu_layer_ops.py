@@ -182,9 +182,12 @@ def test_the_gpu_check_section_runs_its_checks_and_timings(device):
     assert all(c["ok"] and "error" not in c for c in checks.values()), checks
     ops = {r["op"] for r in result["timings"]}
     assert ops == {"rms_norm", "add_rms_norm", "rms_norm_heads", "rms_norm_24", "rms_norm_16",
-                   "silu_mul_24", "silu_mul_20", "rope"}  # fmt: skip
-    assert len(result["timings"]) == len(checks) == 2 * (5 + 6)  # two row counts; GLM 5 ops, Kimi 6
+                   "silu_mul_24", "silu_mul_20", "rope", "rope_write"}  # fmt: skip
+    # Two row counts; GLM 5 ops and the fused rotary + rotation + KV write, Kimi 6.
+    assert len(result["timings"]) == len(checks) == 2 * (6 + 6)
     assert checks["rope kimi-k2 3 rows"]["exact"] and checks["rope glm-4.5 1 rows"]["exact"]
+    fused = checks["rope_write glm-4.5 3 rows"]
+    assert fused["max_code_steps"] <= 1 and fused["q_max_steps"] <= 1
     assert all(r["kernel_ms"] > 0 and r["torch_ms"] > 0 for r in result["timings"])
     assert table_lines(result)[-1].startswith(f"layer ops: {len(checks)}/{len(checks)} ok")
 
