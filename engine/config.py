@@ -130,6 +130,14 @@ class EngineConfig(BaseModel):
         description="Replay plain decode steps as CUDA graphs, one per batch-size bucket "
         "(one GPU, Triton attention); off runs every step eagerly.",
     )
+    # Decode over FP8 KV pages on e4m3 tensor cores (engine/attention/triton/decode_fp8.py,
+    # mla_decode.py's FP8_DOT; docs/DECODE_ATTENTION.md).
+    fp8_decode_dots: bool = Field(
+        default=True,
+        description="Decode attention over FP8 KV pages on FP8 tensor cores (Triton "
+        "attention, GPUs of compute capability 8.9+), queries and softmax weights rounded to "
+        "e4m3; off widens the pages to the activations' dtype instead (exact products, slower).",
+    )
     # CPU products with 4-/8-bit grid weights (engine/layers/cpu_grid_weights.py).
     cpu_kernel: CPUKernelName = Field(
         default="auto",

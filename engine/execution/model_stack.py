@@ -158,6 +158,8 @@ def build_model_stack(config: EngineConfig, model_dir: Path, device: torch.devic
         config.page_size,
         device,
     )
+    if not config.fp8_decode_dots and hasattr(runner.backend, "fp8_dot"):
+        runner.backend.fp8_dot = False  # the Triton backend's default takes them where it can
     if config.cuda_graphs and ranks == 1 and _graphs_can_run(runner):
         # Here, not at the top: the graphs' inputs are the Triton kernels' page tables,
         # and Triton is installed only where it runs (Linux x86-64).

@@ -37,6 +37,7 @@ SERVE_SETTINGS: tuple[str, ...] = (
     "kv_memory_gib",
     "deterministic",
     "cuda_graphs",
+    "fp8_decode_dots",
     "max_model_len",
     "attention_backend",
     "cpu_kernel",

@@ -135,3 +135,25 @@ def test_greedy_decode_on_triton_matches_torch(llms, monkeypatch):
     got = [o.outputs[0].token_ids for o in llms("triton", "auto").generate(prompts, params)]
     assert len(got[0]) == 6 and len(decode_calls) >= 2 * 5  # 2 layers, 5 decode steps
     assert got == expected
+
+
+def test_fp8_decode_dots_is_the_default_and_can_be_turned_off(tiny_llama_dir, monkeypatch):
+    """FP8 pages decode on e4m3 dots by default (the interpreter counts as a GPU with FP8
+    tensor cores); `fp8_decode_dots=False` (`--no-fp8-decode-dots`) widens them."""
+    pytest.importorskip("triton")
+    from engine import LLM, SamplingParams
+    from engine.attention.triton import decode
+
+    chosen = []
+    choose = decode.choose_fp8_dot
+    monkeypatch.setattr(
+        decode, "choose_fp8_dot", lambda *a: chosen.append(choose(*a)) or chosen[-1]
+    )
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    for setting, expected in ((True, True), (False, False)):
+        chosen.clear()
+        llm = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_dtype="fp8_e4m3",
+                  attention_backend="triton", fp8_decode_dots=setting)  # fmt: skip
+        assert llm.engine.runner.backend.fp8_dot is (None if setting else False)
+        out = llm.generate([PROMPT[:9]], params)[0].outputs[0].token_ids
+        assert len(out) == 3 and chosen and set(chosen) == {expected}
