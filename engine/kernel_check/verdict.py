@@ -20,7 +20,6 @@ from engine.kernel_check.plan import Launch
 # Kernels that must not spill, by module (the module names the kernel's purpose).
 SPILL_FREE_MODULES = {
     "engine.attention.triton.decode": "decode attention",
-    "engine.attention.triton.decode_fp8": "FP8 decode attention",
     "engine.attention.triton.mla_decode": "MLA decode",
     "engine.gpu_kernels.w4a16": "W4A16 GEMM",
     "engine.gpu_kernels.fp8_block_gemm": "FP8-block GEMM",
@@ -28,10 +27,10 @@ SPILL_FREE_MODULES = {
     "engine.gpu_kernels.layer_ops": "a layer op (norm, SwiGLU, rotary)",
     "engine.attention.triton.rope_write": "the fused rotary + K/V rotation + KV write",
 }
-# Launches whose point is to multiply e4m3 on tensor cores: the FP8 decode kernel, and any
-# launch configured with FP8_DOT=True. Compiled to anything else (Triton turns a dot of
-# fewer than 64 rows into fp16 mma.sync after converting every byte), they lose the gain.
-FP8_TENSOR_CORE_MODULES = {"engine.attention.triton.decode_fp8"}
+# Launches whose point is to multiply e4m3 on tensor cores: those configured with
+# FP8_DOT=True (GQA and MLA decode over FP8 pages). Compiled to anything else (Triton turns
+# a dot of fewer than 64 rows into fp16 mma.sync after converting every byte), they lose
+# the gain.
 FP8_MMA_MARKS = ("e4m3.e4m3", "f8f6f4")  # wgmma's operand types; tcgen05's operand kind
 USED_BY_KEPT = 8  # deployments listed per row in the JSON (the count is always there)
 
@@ -63,9 +62,7 @@ def problems(row: dict, gpu: CheckedGPU, spill_free: dict[str, str] | None = Non
 
 
 def wants_fp8_tensor_cores(row: dict) -> bool:
-    return (
-        row["module"] in FP8_TENSOR_CORE_MODULES or "FP8_DOT=True" in row.get("config", "").split()
-    )
+    return "FP8_DOT=True" in row.get("config", "").split()
 
 
 def make_row(

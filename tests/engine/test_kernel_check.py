@@ -124,10 +124,10 @@ def test_tensor_core_instructions_are_read_from_the_ptx():
 @pytest.mark.parametrize(
     "module, config, mma, fails",
     [
-        ("engine.attention.triton.decode_fp8", "BLOCK_N=64 warps=4", ["wgmma m64n16k32 e4m3.e4m3"], False),
-        ("engine.attention.triton.decode_fp8", "BLOCK_N=64 warps=4", ["tcgen05.mma f8f6f4"], False),
-        # Converted to fp16 first: the FP8 kernel lost its point.
-        ("engine.attention.triton.decode_fp8", "BLOCK_N=32 warps=4", ["mma.sync m16n8k16 f16.f16"], True),
+        ("engine.attention.triton.decode", "BLOCK_N=64 FP8_DOT=True warps=4", ["wgmma m64n16k32 e4m3.e4m3"], False),
+        ("engine.attention.triton.decode", "BLOCK_N=64 FP8_DOT=True warps=4", ["tcgen05.mma f8f6f4"], False),
+        # Converted to fp16 first: the FP8 dot lost its point.
+        ("engine.attention.triton.decode", "BLOCK_N=32 FP8_DOT=True warps=4", ["mma.sync m16n8k16 f16.f16"], True),
         ("engine.attention.triton.mla_decode", "FP8_DOT=True warps=8", [], True),
         ("engine.attention.triton.mla_decode", "FP8_DOT=False warps=8", ["mma.sync m16n8k16 bf16.bf16"], False),
     ],

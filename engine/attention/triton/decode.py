@@ -40,15 +40,42 @@ from engine.attention.triton.common import (
     plan_splits,
     split_range,
 )
-from engine.attention.triton.decode_fp8 import (
-    FP8_BLOCK_N,
-    FP8_NUM_WARPS,
-    gqa_decode_fp8_split_kernel,
-)
+from engine.attention.triton.decode_fp8 import FP8_BLOCK_N, FP8_NUM_WARPS, attend_fp8
 from engine.attention.triton.target import sm_count
 
 BLOCK_N = 32  # context positions per tile
 NUM_WARPS = 4
+
+
+@triton.jit
+def _attend_widened(
+    q, kv_base, stride_kind, stride_slot, table, start, end, score_scale, d, d_mask,
+    BLOCK_G: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_FP8: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One split's softmax with the stored values widened to DOT (BF16 pages, or FP8
+    where e4m3 dots are off): (acc [BLOCK_G, BLOCK_D], m_i, l_i)."""
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, d.shape[0]], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        n_mask = pos < end
+        page = tl.load(table + pos // PAGE_SIZE, mask=n_mask, other=0)
+        slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+        offsets = slot[:, None] * stride_slot + d[None, :]
+        tile_mask = n_mask[:, None] & d_mask[None, :]
+        k = load_as(kv_base + offsets, tile_mask, IS_FP8, DOT)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
+        scores = tl.where(n_mask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_as(kv_base + stride_kind + offsets, tile_mask, IS_FP8, DOT)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v, input_precision=PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -82,6 +109,7 @@ def _gqa_decode_split_kernel(
     BLOCK_N: tl.constexpr,
     MIN_SPLIT: tl.constexpr,
     IS_FP8: tl.constexpr,
+    FP8_DOT: tl.constexpr,
     DOT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -98,33 +126,22 @@ def _gqa_decode_split_kernel(
     d_mask = d < HEAD_DIM
     heads = kv_head * GROUP + g
     q_ptrs = q_ptr + seq.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :]
-    q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(DOT)
+    q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     # Softmax scale, log2(e) (exp2 below) and the K dequant scale, applied to fp32 scores.
     score_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
     v_scale = tl.load(v_scale_ptr + kv_head)
-
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    k_base = kv_ptr + kv_head * stride_head
+    kv_base = kv_ptr + kv_head * stride_head
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        n_mask = pos < end
-        page = tl.load(table + pos // PAGE_SIZE, mask=n_mask, other=0)
-        slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
-        offsets = slot[:, None] * stride_slot + d[None, :]
-        tile_mask = n_mask[:, None] & d_mask[None, :]
-        k = load_as(k_base + offsets, tile_mask, IS_FP8, DOT)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
-        scores = tl.where(n_mask[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_as(k_base + stride_kind + offsets, tile_mask, IS_FP8, DOT)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v, input_precision=PRECISION)
-        m_i = m_new
+    if FP8_DOT:  # e4m3 tensor cores on the stored bytes (decode_fp8.py)
+        acc, m_i, l_i = attend_fp8(
+            q.to(tl.float32), kv_base, stride_kind, stride_slot, table, start, end,
+            score_scale, d, d_mask, BLOCK_G, PAGE_SIZE, BLOCK_N,
+        )  # fmt: skip
+    else:
+        acc, m_i, l_i = _attend_widened(
+            q.to(DOT), kv_base, stride_kind, stride_slot, table, start, end, score_scale, d,
+            d_mask, BLOCK_G, PAGE_SIZE, BLOCK_N, IS_FP8, DOT, PRECISION,
+        )  # fmt: skip
 
     # A split past the end of its sequence (every split of a pad row) saw
     # nothing: lse -inf, weight 0, output 0.
@@ -253,7 +270,7 @@ def gqa_decode_splits(
     length with up to S splits (`split_range`); lse is -inf where a split saw
     nothing. Reads no device tensor on the host, so it can be graph-captured.
     `fp8_dot` (`choose_fp8_dot`; None: where the GPU has FP8 tensor cores) runs
-    FP8 pages through decode_fp8.py's e4m3 kernel instead of widening them.
+    FP8 pages through the e4m3 tensor-core loop (decode_fp8.py) instead of widening them.
     """
     batch, q_heads, head_dim = q.shape
     kv_heads = storage.shape[2]
@@ -269,18 +286,8 @@ def gqa_decode_splits(
         batch, kv_heads, tables.max_seq_len, q.device, split_tokens, block_n
     )
     part_out, part_lse = split_buffers(batch, q_heads, splits, head_dim, q.device)
-    if use_fp8_dot:
-        kernel, options = gqa_decode_fp8_split_kernel, {"num_warps": FP8_NUM_WARPS}
-    else:
-        dot, precision = dot_config(q.dtype)
-        kernel = _gqa_decode_split_kernel
-        options = {
-            "IS_FP8": storage.dtype == torch.uint8,
-            "DOT": dot,
-            "PRECISION": precision,
-            "num_warps": NUM_WARPS,
-        }
-    kernel[(batch, kv_heads, splits)](
+    dot, precision = dot_config(q.dtype)
+    _gqa_decode_split_kernel[(batch, kv_heads, splits)](
         q,
         storage,
         tables.block_tables,
@@ -309,7 +316,11 @@ def gqa_decode_splits(
         PAGE_SIZE=tables.page_size,
         BLOCK_N=block_n,
         MIN_SPLIT=min_split_tokens(block_n),
-        **options,
+        IS_FP8=storage.dtype == torch.uint8,
+        FP8_DOT=use_fp8_dot,
+        DOT=dot,
+        PRECISION=precision,
+        num_warps=FP8_NUM_WARPS if use_fp8_dot else NUM_WARPS,
     )
     return part_out, part_lse
 

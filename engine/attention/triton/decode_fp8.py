@@ -17,9 +17,9 @@ own scale (largest magnitude -> 448), and the softmax weights are rounded to
 e4m3 times P_FP8_SCALE for the PV dot; engine.testing.fp8_decode_bound
 derives the error this adds and the tests hold the kernel to it.
 
-Splits, pad rows and the merge are decode.py's: the same `split_range`, the
-same partial buffers and `merge_splits`, so a CUDA graph captures this
-kernel as it does the other.
+This module holds the loop; decode.py's kernel runs it when FP8_DOT is set,
+so splits, pad rows, the partial outputs and the merge are shared, and a
+CUDA graph captures it as it does the widening loop.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from engine.attention.triton.common import (
     P_FP8_SCALE_VALUE,
     probabilities_e4m3,
     quantize_rows_e4m3,
-    split_range,
 )
 
 # Context positions per tile: the rows of both dots. wgmma wants 64 rows a warpgroup.
@@ -41,60 +40,20 @@ FP8_NUM_WARPS = 4
 
 
 @triton.jit
-def gqa_decode_fp8_split_kernel(
-    q_ptr,
-    kv_ptr,
-    block_tables_ptr,
-    seq_lens_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    part_out_ptr,
-    part_lse_ptr,
-    qk_scale,
-    fixed_split,
-    stride_qt,
-    stride_qh,
-    stride_slot,
-    stride_kind,
-    stride_head,
-    stride_bt,
-    stride_pb,
-    stride_ph,
-    stride_ps,
-    stride_lb,
-    stride_lh,
-    GROUP: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MIN_SPLIT: tl.constexpr,
-):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    start, end = split_range(seq_len, split, tl.num_programs(2), fixed_split, BLOCK_N, MIN_SPLIT)
-
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
-    g_mask = g < GROUP
-    d_mask = d < HEAD_DIM
-    heads = kv_head * GROUP + g
-    q_ptrs = q_ptr + seq.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :]
-    q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+def attend_fp8(
+    q, kv_base, stride_kind, stride_slot, table, start, end, score_scale, d, d_mask,
+    BLOCK_G: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """One split's softmax over FP8 pages with e4m3 operands, for decode.py's kernel:
+    (acc [BLOCK_G, BLOCK_D] in value units, m_i, l_i) from the fp32 queries q
+    [BLOCK_G, BLOCK_D] of one KV head's group and their per-head `score_scale`
+    (softmax scale, log2(e), K dequant scale)."""
     q8, q_scale = quantize_rows_e4m3(q, FP8_MAX_VALUE)
-    q8_t = tl.trans(q8)  # [BLOCK_D, BLOCK_G]: the dot's columns are the query heads
-    # Per head: the query's scale, the K dequant scale, softmax scale and log2(e).
-    head_scale = q_scale * (qk_scale * tl.load(k_scale_ptr + kv_head))
-    v_scale = tl.load(v_scale_ptr + kv_head)
-
+    q8_t = tl.trans(q8)  # [BLOCK_D, BLOCK_G]: the dots' columns are the query heads
+    head_scale = q_scale * score_scale  # each head's own query scale joins its scores
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_D, BLOCK_G], tl.float32)  # out^T
-    base = kv_ptr + kv_head * stride_head
-    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    acc = tl.zeros([d.shape[0], BLOCK_G], tl.float32)  # out^T
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         n_mask = pos < end
@@ -102,29 +61,17 @@ def gqa_decode_fp8_split_kernel(
         slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
         offsets = slot[:, None] * stride_slot + d[None, :]
         tile_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(base + offsets, mask=tile_mask, other=0).to(tl.float8e4nv, bitcast=True)
+        k = tl.load(kv_base + offsets, mask=tile_mask, other=0).to(tl.float8e4nv, bitcast=True)
         scores = tl.dot(k, q8_t) * head_scale[None, :]  # [BLOCK_N, BLOCK_G]
         scores = tl.where(n_mask[:, None], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 0))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new[None, :])
-        l_i = l_i * alpha + tl.sum(p, 0)
-        v = tl.load(base + stride_kind + offsets, mask=tile_mask, other=0)
+        l_i = l_i * alpha + tl.sum(p, 0)  # the fp32 weights, not their e4m3 copies
+        v = tl.load(kv_base + stride_kind + offsets, mask=tile_mask, other=0)
         v = v.to(tl.float8e4nv, bitcast=True)
         acc = acc * alpha[None, :] + tl.dot(tl.trans(v), probabilities_e4m3(p))
         m_i = m_new
-
-    # As decode.py: a split that saw nothing has lse -inf and a zero output. The
-    # e4m3 weights were P_FP8_SCALE times the fp32 ones that l_i sums.
-    seen = l_i > 0
-    denom = tl.where(seen, l_i, 1.0) * P_FP8_SCALE_VALUE
-    out = acc / denom[None, :] * v_scale
-    lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-    part = part_out_ptr + seq.to(tl.int64) * stride_pb + split * stride_ps
-    tl.store(
-        part + heads[None, :] * stride_ph + d[:, None],
-        out,
-        mask=g_mask[None, :] & d_mask[:, None],
-    )
-    lse_ptrs = part_lse_ptr + seq.to(tl.int64) * stride_lb + heads * stride_lh + split
-    tl.store(lse_ptrs, lse, mask=g_mask)
+    # Back to [heads, dims] (once a program) and to value units: the e4m3 weights were
+    # P_FP8_SCALE (a power of two: exact) times the fp32 ones l_i sums.
+    return tl.trans(acc) * (1.0 / P_FP8_SCALE_VALUE), m_i, l_i
