@@ -143,6 +143,21 @@ def choose_fp8_dot(q: torch.Tensor, storage: torch.Tensor, fp8_dot: bool | None)
     return bool(fp8_dot)
 
 
+@triton.jit
+def paged_tile(
+    table, n0, end, stride_slot, d, d_mask, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """Offsets of positions [n0, n0 + BLOCK_N) x columns d in one head's paged storage
+    (`table` is the sequence's page table), with the positions below `end` and the
+    tile's mask: (offsets [BLOCK_N, len(d)], n_mask [BLOCK_N], tile_mask)."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    n_mask = pos < end
+    page = tl.load(table + pos // PAGE_SIZE, mask=n_mask, other=0)
+    slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+    offsets = slot[:, None] * stride_slot + d[None, :]
+    return offsets, n_mask, n_mask[:, None] & d_mask[None, :]
+
+
 def dot_config(dtype: torch.dtype) -> tuple[tl.dtype, str]:
     """The dtype tl.dot multiplies in and its input precision, for activations of `dtype`.
 

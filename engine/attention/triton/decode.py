@@ -37,6 +37,7 @@ from engine.attention.triton.common import (
     dot_config,
     load_as,
     min_split_tokens,
+    paged_tile,
     plan_splits,
     split_range,
 )
@@ -59,12 +60,9 @@ def _attend_widened(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, d.shape[0]], tl.float32)
     for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        n_mask = pos < end
-        page = tl.load(table + pos // PAGE_SIZE, mask=n_mask, other=0)
-        slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
-        offsets = slot[:, None] * stride_slot + d[None, :]
-        tile_mask = n_mask[:, None] & d_mask[None, :]
+        offsets, n_mask, tile_mask = paged_tile(
+            table, n0, end, stride_slot, d, d_mask, PAGE_SIZE, BLOCK_N
+        )
         k = load_as(kv_base + offsets, tile_mask, IS_FP8, DOT)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
         scores = tl.where(n_mask[None, :], scores, float("-inf"))

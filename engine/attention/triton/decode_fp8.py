@@ -30,6 +30,7 @@ import triton.language as tl
 from engine.attention.triton.common import (
     FP8_MAX_VALUE,
     P_FP8_SCALE_VALUE,
+    paged_tile,
     probabilities_e4m3,
     quantize_rows_e4m3,
 )
@@ -55,12 +56,9 @@ def attend_fp8(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([d.shape[0], BLOCK_G], tl.float32)  # out^T
     for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        n_mask = pos < end
-        page = tl.load(table + pos // PAGE_SIZE, mask=n_mask, other=0)
-        slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
-        offsets = slot[:, None] * stride_slot + d[None, :]
-        tile_mask = n_mask[:, None] & d_mask[None, :]
+        offsets, n_mask, tile_mask = paged_tile(
+            table, n0, end, stride_slot, d, d_mask, PAGE_SIZE, BLOCK_N
+        )
         k = tl.load(kv_base + offsets, mask=tile_mask, other=0).to(tl.float8e4nv, bitcast=True)
         scores = tl.dot(k, q8_t) * head_scale[None, :]  # [BLOCK_N, BLOCK_G]
         scores = tl.where(n_mask[:, None], scores, float("-inf"))
