@@ -40,8 +40,8 @@ def _tables(batch: int, context: int, query_len: int, page_size: int):
 
 def gqa_attention(shape: ModelShape, tp: int, kv: str, limits: EngineLimits) -> None:
     """KV write, split decode (one step per merge width) and prefill, as the backend calls them."""
-    from engine.attention.triton.common import MIN_SPLIT_TOKENS
-    from engine.attention.triton.decode import gqa_decode, split_plan
+    from engine.attention.triton.common import MIN_SPLIT_TOKENS, choose_fp8_dot
+    from engine.attention.triton.decode import BLOCK_N, FP8_BLOCK_N, gqa_decode, split_plan
     from engine.attention.triton.kv_write import write_gqa
     from engine.attention.triton.prefill import prefill_attention
 
@@ -54,17 +54,21 @@ def gqa_attention(shape: ModelShape, tp: int, kv: str, limits: EngineLimits) -> 
     write_gqa(storage, slots, meta(tokens, kv_heads, dim), meta(tokens, kv_heads, dim),
               scales, scales)  # fmt: skip
 
-    def plan(batch: int, context: int) -> int:
-        return split_plan(batch, kv_heads, context, storage.device)[0]
+    # None: the launcher's own choice (FP8 pages: e4m3 tensor-core dots where the GPU has
+    # them); False: the widening loop FP8 pages keep. The loops tile the context
+    # differently, so each plans its own splits (and merge widths).
+    for fp8_dot in (None, False) if kv == "fp8_e4m3" else (None,):
+        use = choose_fp8_dot(meta(1, q_heads, dim), storage, fp8_dot)
+        tile = FP8_BLOCK_N if use else BLOCK_N
 
-    for batch, context in split_points(plan, limits.max_batch, shape.context, MIN_SPLIT_TOKENS):
-        q = meta(batch, q_heads, dim)
-        tables = _tables(batch, context, 1, page)
-        # The launcher's own choice (FP8 pages: e4m3 tensor-core dots where the GPU has
-        # them), and for FP8 pages also the widening path (fp8_dot=False).
-        gqa_decode(q, storage, tables, scales, scales, dim**-0.5)
-        if kv == "fp8_e4m3":
-            gqa_decode(q, storage, tables, scales, scales, dim**-0.5, fp8_dot=False)
+        def plan(batch: int, context: int, tile: int = tile) -> int:
+            return split_plan(batch, kv_heads, context, storage.device, block_n=tile)[0]
+
+        for batch, context in split_points(plan, limits.max_batch, shape.context,
+                                           MIN_SPLIT_TOKENS):  # fmt: skip
+            q = meta(batch, q_heads, dim)
+            tables = _tables(batch, context, 1, page)
+            gqa_decode(q, storage, tables, scales, scales, dim**-0.5, fp8_dot=fp8_dot)
     q = meta(tokens, q_heads, dim)
     tables = _tables(1, shape.context, tokens, page)
     prefill_attention(q, storage, tables, scales, scales, dim**-0.5)
