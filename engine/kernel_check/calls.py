@@ -40,8 +40,7 @@ def _tables(batch: int, context: int, query_len: int, page_size: int):
 
 def gqa_attention(shape: ModelShape, tp: int, kv: str, limits: EngineLimits) -> None:
     """KV write, split decode (one step per merge width) and prefill, as the backend calls them."""
-    from engine.attention.triton.common import MIN_SPLIT_TOKENS, choose_fp8_dot
-    from engine.attention.triton.decode import BLOCK_N, FP8_BLOCK_N, gqa_decode, split_plan
+    from engine.attention.triton.decode import gqa_decode, split_plan
     from engine.attention.triton.kv_write import write_gqa
     from engine.attention.triton.prefill import prefill_attention
 
@@ -54,21 +53,10 @@ def gqa_attention(shape: ModelShape, tp: int, kv: str, limits: EngineLimits) -> 
     write_gqa(storage, slots, meta(tokens, kv_heads, dim), meta(tokens, kv_heads, dim),
               scales, scales)  # fmt: skip
 
-    # None: the launcher's own choice (FP8 pages: e4m3 tensor-core dots where the GPU has
-    # them); False: the widening loop FP8 pages keep. The loops tile the context
-    # differently, so each plans its own splits (and merge widths).
-    for fp8_dot in (None, False) if kv == "fp8_e4m3" else (None,):
-        use = choose_fp8_dot(meta(1, q_heads, dim), storage, fp8_dot)
-        tile = FP8_BLOCK_N if use else BLOCK_N
+    def decode(q, tables, fp8_dot):
+        gqa_decode(q, storage, tables, scales, scales, dim**-0.5, fp8_dot=fp8_dot)
 
-        def plan(batch: int, context: int, tile: int = tile) -> int:
-            return split_plan(batch, kv_heads, context, storage.device, block_n=tile)[0]
-
-        for batch, context in split_points(plan, limits.max_batch, shape.context,
-                                           MIN_SPLIT_TOKENS):  # fmt: skip
-            q = meta(batch, q_heads, dim)
-            tables = _tables(batch, context, 1, page)
-            gqa_decode(q, storage, tables, scales, scales, dim**-0.5, fp8_dot=fp8_dot)
+    _decode_steps(kv, split_plan, kv_heads, q_heads, dim, storage, shape, limits, decode)
     q = meta(tokens, q_heads, dim)
     tables = _tables(1, shape.context, tokens, page)
     prefill_attention(q, storage, tables, scales, scales, dim**-0.5)
@@ -99,7 +87,6 @@ def fused_rope_write(shape: ModelShape, tp: int, kv: str, limits: EngineLimits) 
 
 def mla_attention(shape: ModelShape, tp: int, kv: str, limits: EngineLimits) -> None:
     """Latent write and absorbed MLA decode (one step per merge width), as the backend calls them."""
-    from engine.attention.triton.common import MIN_SPLIT_TOKENS, choose_fp8_dot
     from engine.attention.triton.kv_write import write_mla
     from engine.attention.triton.mla_decode import mla_decode, split_plan
 
@@ -113,20 +100,31 @@ def mla_attention(shape: ModelShape, tp: int, kv: str, limits: EngineLimits) -> 
               scales)  # fmt: skip
 
     scale = (shape.head_dim or width) ** -0.5  # any float: a runtime argument
-    # None: the launcher's own choice, FP8 tensor-core dots (FP8_DOT) for FP8 rows and bf16
-    # queries on a GPU that has them, bf16 dots for BF16 rows; False: the widening path
-    # FP8 rows keep. The two paths tile the context differently, so each plans its splits.
-    for fp8_dot in (None, False) if kv == "fp8_e4m3" else (None,):
-        fp8 = choose_fp8_dot(meta(1, heads, width), storage, fp8_dot)
 
-        def plan(batch: int, context: int, fp8: bool = fp8) -> int:
-            return split_plan(batch, heads, context, storage.device, fp8_dot=fp8)[0]
+    def decode(q, tables, fp8_dot):
+        mla_decode(q, storage, tables, lora, 1.0, 1.0, scale, fp8_dot=fp8_dot)
+
+    _decode_steps(kv, split_plan, heads, heads, width, storage, shape, limits, decode)
+
+
+def _decode_steps(kv, split_plan, planned_heads, q_heads, width, storage, shape, limits, decode):
+    """A decode launcher at one step per merge width, for each loop it has: the launcher's
+    own choice (None: FP8 pages on e4m3 tensor cores where the GPU has them) and, for FP8
+    pages, the widening loop (False). The loops tile the context differently, so each plans
+    its own split points with the launcher's `split_plan(batch, planned_heads, context,
+    device, fp8_dot=...)`; `decode(q, tables, fp8_dot)` launches."""
+    from engine.attention.triton.common import MIN_SPLIT_TOKENS, choose_fp8_dot
+
+    for fp8_dot in (None, False) if kv == "fp8_e4m3" else (None,):
+        used = choose_fp8_dot(meta(1, q_heads, width), storage, fp8_dot)
+
+        def plan(batch: int, context: int, used: bool = used) -> int:
+            return split_plan(batch, planned_heads, context, storage.device, fp8_dot=used)[0]
 
         for batch, context in split_points(plan, limits.max_batch, shape.context,
                                            MIN_SPLIT_TOKENS):  # fmt: skip
-            q = meta(batch, heads, width)
-            tables = _tables(batch, context, 1, page)
-            mla_decode(q, storage, tables, lora, 1.0, 1.0, scale, fp8_dot=fp8_dot)
+            tables = _tables(batch, context, 1, limits.page_size)
+            decode(meta(batch, q_heads, width), tables, fp8_dot)
 
 
 def packed_linears(shape: ModelShape, form: str, limits: EngineLimits) -> None:

@@ -243,12 +243,12 @@ def split_plan(
     max_len: int,
     device: torch.device,
     split_tokens: int | None = None,
-    block_n: int | None = None,
+    fp8_dot: bool = False,
 ) -> tuple[int, int]:
     """(splits, tokens per split) of a decode step: one program per sequence and KV head
-    per split (the compile check plans its merge widths with this too). `block_n`: the
-    kernel's tile (BLOCK_N, or FP8_BLOCK_N for the e4m3 kernel)."""
-    tile = block_n or BLOCK_N
+    per split (the compile check plans its merge widths with this too). `fp8_dot` is the
+    loop the launch takes (`choose_fp8_dot`): the e4m3 one tiles FP8_BLOCK_N positions."""
+    tile = FP8_BLOCK_N if fp8_dot else BLOCK_N
     return plan_splits(batch * kv_heads, max_len, tile, sm_count(device), split_tokens)
 
 
@@ -281,7 +281,7 @@ def gqa_decode_splits(
     # Read once: bench/gpu_check.py sweeps the modules' tiles.
     block_n = FP8_BLOCK_N if use_fp8_dot else BLOCK_N
     splits, split_size = split_plan(
-        batch, kv_heads, tables.max_seq_len, q.device, split_tokens, block_n
+        batch, kv_heads, tables.max_seq_len, q.device, split_tokens, use_fp8_dot
     )
     part_out, part_lse = split_buffers(batch, q_heads, splits, head_dim, q.device)
     dot, precision = dot_config(q.dtype)

@@ -236,7 +236,7 @@ def test_gqa_each_sequence_fills_its_own_splits(seed, device, small_gpu, fp8_dot
     """The grid is planned for the capacity; each row uses as many splits as its length
     wants, in the widening kernel and in the e4m3 one (decode_fp8.py, its own tile)."""
     step = gqa_step(MIXED_LENS, "fp8_e4m3", torch.float32, device)
-    splits, per_capacity = split_plan(len(MIXED_LENS), 1, CAPACITY, device, block_n=block_n)
+    splits, per_capacity = split_plan(len(MIXED_LENS), 1, CAPACITY, device, fp8_dot=fp8_dot)
     part_out, part_lse = gqa_decode_splits(*step, fp8_dot=fp8_dot)
     assert part_lse.shape[-1] == splits > 1
     assert per_capacity > max(MIXED_LENS)  # a plan-wide split size would use one program
