@@ -437,6 +437,9 @@ class LLMEngine:
         if self.prefix_cache is not None:
             cache_only = self.prefix_cache.pages_held_only_by_cache()
         used_pages = self.allocator.num_pages - self.allocator.num_free - cache_only
+        # Triton's backend says whether FP8 pages decode on e4m3 tensor cores.
+        describe_backend = getattr(self.runner.backend, "describe", None)
+        backend_facts = describe_backend(self.pool, self.dtype) if describe_backend else {}
         return {
             "kv_cache_dtype": self.kv_dtype,
             "page_size": page,
@@ -449,6 +452,7 @@ class LLMEngine:
             "kv_rotation": self.kv_rotation,
             "kv_scales": scales_in_force(self.pool, self.kv_rotation),
             "attention_backend": self.runner.backend.name,
+            **backend_facts,
             "cpu_kernel": self.cpu_kernel,
             **(self.runner.graphs.describe() if self.runner.graphs is not None else {}),
             # The stepping thread's team (this runs on it): engine.host.threads.

@@ -32,7 +32,7 @@ from engine.attention.triton import (
     triton_version,
     triton_version_problem,
 )
-from engine.attention.triton.common import step_tables
+from engine.attention.triton.common import choose_fp8_dot, step_tables
 from engine.attention.triton.decode import gqa_decode
 from engine.attention.triton.kv_write import write_gqa, write_mla
 from engine.attention.triton.mla_decode import mla_decode
@@ -86,6 +86,15 @@ class TritonAttentionBackend:
         # the GPU has them); False widens the bytes instead (exact comparisons in tests).
         self.fp8_dot: bool | None = None
         self._scales: dict[tuple, object] = {}  # device copies of scales, see _layer_scales
+
+    def describe(self, pool, dtype: torch.dtype) -> dict[str, str]:
+        """What /v1/engine/stats says of decode over `pool` with activations of `dtype`:
+        whether FP8 pages multiply on e4m3 tensor cores (`choose_fp8_dot`)."""
+        if not pool.is_fp8:
+            return {}
+        query = torch.empty(0, dtype=dtype, device=pool.storage.device)
+        on = choose_fp8_dot(query, pool.storage, self.fp8_dot)
+        return {"fp8_decode_dots": "on" if on else "off"}
 
     def _runs_here(self, x: torch.Tensor) -> bool:
         if x.is_cuda or interpreting():

@@ -155,5 +155,6 @@ def test_fp8_decode_dots_is_the_default_and_can_be_turned_off(tiny_llama_dir, mo
         llm = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_dtype="fp8_e4m3",
                   attention_backend="triton", fp8_decode_dots=setting)  # fmt: skip
         assert llm.engine.runner.backend.fp8_dot is (None if setting else False)
+        assert llm.engine.stats()["fp8_decode_dots"] == ("on" if setting else "off")
         out = llm.generate([PROMPT[:9]], params)[0].outputs[0].token_ids
         assert len(out) == 3 and chosen and set(chosen) == {expected}
