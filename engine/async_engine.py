@@ -18,6 +18,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any
@@ -31,6 +32,7 @@ from engine.host.threads import claim_compute_threads, quiet_this_thread, restor
 from engine.kv.calibration import calibrate_without_fixed_scales
 from engine.llm import LLM
 from engine.requests.outputs import RequestOutput
+from engine.requests.pacing import OutputPacer
 from engine.requests.params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,9 @@ class AsyncEngine:
         self._commands: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopped = threading.Event()
+        # Streams get a step's tokens together with the next steps' for a few ms, so
+        # their consumers wake less often than the engine steps (engine.requests.pacing).
+        self._pacer = OutputPacer(self.config.stream_interval_ms / 1000)
         # The engine was sized on this thread (capped at the usable cores, split between
         # tensor-parallel ranks, or as the user set it); its thread takes the same count.
         self._compute_threads = torch.get_num_threads()
@@ -96,9 +101,14 @@ class AsyncEngine:
         finally:  # the constructor waits for this, whatever happened
             self._claimed.set()
         while not self._stopped.is_set():
-            self._run_commands(block=not self.engine.has_unfinished())
+            ran = self._run_commands(block=not self.engine.has_unfinished())
+            if self._pacer.holding and (
+                ran or not self.engine.has_unfinished() or self._pacer.due()
+            ):  # a command may start a long prefill: what is held goes before it
+                self._deliver_step(self._pacer.take())
             if self._stopped.is_set() or not self.engine.has_unfinished():
                 continue
+            start = time.monotonic()
             try:
                 outputs = self.engine.step()
             except WorkerDiedError as err:  # logged when it happened; no traceback per step
@@ -108,13 +118,15 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 self._fail_all(err)
                 continue
-            self._deliver_step(outputs)
+            self._pacer.last_step = time.monotonic() - start
+            self._deliver_step(self._pacer.admit(outputs))
 
-    def _run_commands(self, block: bool) -> None:
+    def _run_commands(self, block: bool) -> bool:
+        """Run the queued commands (waiting up to 0.5 s for one if `block`); whether any ran."""
         try:
             command, future = self._commands.get(timeout=0.5 if block else 0)
         except queue.Empty:
-            return
+            return False
         while True:
             if future.set_running_or_notify_cancel():
                 try:
@@ -124,7 +136,7 @@ class AsyncEngine:
             try:
                 command, future = self._commands.get_nowait()
             except queue.Empty:
-                return
+                return True
 
     def _deliver_step(self, outputs: list[RequestOutput]) -> None:
         """A step's outputs, one wake-up per event loop rather than one per request: each
@@ -157,6 +169,7 @@ class AsyncEngine:
             pass
 
     def _fail_all(self, err: BaseException) -> None:
+        self._deliver_step(self._pacer.take())  # the tokens made before the failure first
         for request_id in list(self._streams):
             self.engine.abort(request_id)
             self._deliver(request_id, err)

@@ -159,6 +159,17 @@ class EngineConfig(BaseModel):
         description="Most tokens one draft may hold (drafts grow and shrink below it with "
         "the acceptance rate).",
     )
+    # Streamed outputs held and merged for a few ms (engine/requests/pacing.py), so the
+    # event loop or TUI that consumes them wakes less often than the engine steps.
+    stream_interval_ms: float = Field(
+        default=50.0,
+        ge=0,
+        le=1000,
+        description="Longest a streamed request's new tokens wait to be sent together with "
+        "the next steps' (ms): its reader wakes at most about 1000/N times a second instead "
+        "of every step, which leaves the cores to the model. First and last tokens are never "
+        "held; 0 sends every step.",
+    )
     device: str | None = Field(
         default=None, description="Device to run on; default: CUDA when available, else CPU."
     )

@@ -44,6 +44,7 @@ SERVE_SETTINGS: tuple[str, ...] = (
     "kv_disk",
     "kv_host_gib",
     "speculative",
+    "stream_interval_ms",
     "tensor_parallel_size",
     "expert_parallel",
     "nnodes",
