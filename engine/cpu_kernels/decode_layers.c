@@ -14,8 +14,8 @@
 
 typedef struct {
     const uint8_t *codes;
-    const float *scales;
-    const float *bias; /* float32 or NULL */
+    const uint16_t *scales; /* IEEE half */
+    const float *bias;      /* float32 or NULL */
     int64_t rows;
     int64_t bits;
 } GridWeightRef;

@@ -9,7 +9,10 @@
    Weight layout, per tile of 16 output rows and per group, 8 vectors of 64
    bytes; vector j holds, in lane n, the codes of k = 4j..4j+3 of row n.
    With 4-bit codes vectors 2j and 2j+1 share one 64-byte vector (low and
-   high nibbles). Scales: per tile and group, 16 floats d then 16 floats m. */
+   high nibbles). Scales: per tile and group, 16 d then 16 m, as IEEE half
+   floats: a Q4_1/Q8_0 file stores them so (the packer keeps a weight only
+   where they are exact in half), and float32 scales would be a fifth of a
+   4-bit weight's bytes, read on every decode step. */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,7 +44,7 @@ static void quantize_row(const void *x, int bf16, int64_t K, int8_t *xq, float *
 }
 
 /* acc[r][16] = rows r0..r0+rows of x times one tile of 16 weight rows. */
-static inline void tile_rows(const uint8_t *tile, const float *scales, int bits, int64_t groups,
+static inline void tile_rows(const uint8_t *tile, const uint16_t *scales, int bits, int64_t groups,
                              const int8_t *xq, const float *dx, const float *cx, int64_t K,
                              int64_t rows, float *acc) {
     const int64_t group_bytes = bits == 4 ? 256 : 512;
@@ -59,8 +62,9 @@ static inline void tile_rows(const uint8_t *tile, const float *scales, int bits,
         } else {
             for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(src + 64 * j);
         }
-        const __m512 d = _mm512_loadu_ps(scales + g * 2 * TILE);
-        const __m512 m = _mm512_loadu_ps(scales + g * 2 * TILE + TILE);
+        const __m256i *halves = (const __m256i *)(scales + g * 2 * TILE);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(halves));
+        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(halves + 1));
         for (int64_t r = 0; r < rows; r++) {
             const int32_t *xr = (const int32_t *)(xq + r * K + g * GROUP);
             __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
@@ -82,7 +86,7 @@ static inline void tile_rows(const uint8_t *tile, const float *scales, int bits,
    is split over `threads` OpenMP threads. Returns
    0, or -1 when scratch memory cannot be had. */
 int grid_matmul(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *weight,
-                const float *scales, int bits, int64_t N, const float *bias, void *out,
+                const uint16_t *scales, int bits, int64_t N, const float *bias, void *out,
                 int out_bf16, int threads) {
     const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE;
     int8_t *xq = malloc((size_t)(M * K));
@@ -146,7 +150,7 @@ static inline void group_codes(const uint8_t *src, int bits, int64_t n, __m512i 
 
 /* W[N, K] as bfloat16 (d * u + m in float32, rounded to nearest even): for products
    that run faster on BF16 matrix units (AMX) than on int8 dot products. */
-int grid_dequantize(const uint8_t *weight, const float *scales, int bits, int64_t K, int64_t N,
+int grid_dequantize(const uint8_t *weight, const uint16_t *scales, int bits, int64_t K, int64_t N,
                     uint16_t *out, int threads) {
     const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE;
     const int64_t group_bytes = bits == 4 ? 256 : 512;
@@ -155,11 +159,12 @@ int grid_dequantize(const uint8_t *weight, const float *scales, int bits, int64_
         const int64_t rows = N - t * TILE < TILE ? N - t * TILE : TILE;
         for (int64_t g = 0; g < groups; g++) {
             const uint8_t *src = weight + (t * groups + g) * group_bytes;
-            const float *d = scales + (t * groups + g) * 2 * TILE, *m = d + TILE;
+            const uint16_t *d = scales + (t * groups + g) * 2 * TILE, *m = d + TILE;
             for (int64_t n = 0; n < rows; n++) {
                 __m512i first, second;
                 group_codes(src, bits, n, &first, &second);
-                const __m512 dn = _mm512_set1_ps(d[n]), mn = _mm512_set1_ps(m[n]);
+                const __m512 dn = _mm512_set1_ps(_cvtsh_ss(d[n]));
+                const __m512 mn = _mm512_set1_ps(_cvtsh_ss(m[n]));
                 uint16_t *dst = out + (t * TILE + n) * K + g * GROUP;
                 /* mul then add, not fused: the float32 value the checkpoint holds */
                 __m512 v0 = _mm512_add_ps(_mm512_mul_ps(dn, _mm512_cvtepi32_ps(first)), mn);

@@ -22,7 +22,8 @@ def pack_codes(
 
     codes [N, K/32, 32] in 0..2**bits-1, step and offset [N, K/32, 1]. Rows are
     padded with zeros to a multiple of 16 (the kernel masks them off).
-    Returns (codes as uint8, scales as float32), both flat.
+    Returns (codes as uint8, scales as float16), both flat: step and offset must be
+    exact in half precision (engine/layers/cpu_grid_weights.py checks).
     """
     rows, groups, _ = codes.shape
     tiles = -(-rows // TILE)
@@ -38,7 +39,7 @@ def pack_codes(
     )
     return (
         by_quad.contiguous().reshape(-1),
-        scales.permute(0, 3, 2, 1).contiguous().float().reshape(-1),
+        scales.permute(0, 3, 2, 1).contiguous().half().reshape(-1),
     )
 
 

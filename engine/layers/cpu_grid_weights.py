@@ -8,9 +8,9 @@ keeps those values exactly, so they can be packed back without loss. Two
 kernels read them:
 
 - `int8` (engine/cpu_kernels, AVX-512 VNNI): the codes stay 4- or 8-bit with
-  float32 scales and offsets, and each row of activations is quantized to
-  int8 per group of 32, as llama.cpp does for these files. Integer dot
-  products make it the fastest at every row count (a 3072x576 product 2.2x
+  scales and offsets in half precision (as the GGUF blocks store them), and
+  each row of activations is quantized to int8 per group of 32, as llama.cpp
+  does for these files. Integer dot products make it the fastest at every row count (a 3072x576 product 2.2x
   faster than dense BF16 at 16 rows, 6x at one: `python bench/cpu_kernels.py`,
   docs/BENCHMARKS.md), so these layers drop their dense weight. The weights
   are exact; the activations carry int8 rounding (per group: half a step of
@@ -112,12 +112,32 @@ def _eight_bit_grid(groups: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
     return (q, step) if _within_grid(error, step, amax) else None
 
 
+def _in_half(groups: torch.Tensor, q: torch.Tensor, step: torch.Tensor, *lo: torch.Tensor):
+    """The grid with its step (and offset) in IEEE half, as the int8 kernel stores them
+    (engine/cpu_kernels/grid_matmul.c), or None unless every value still lies on it.
+
+    llama.cpp's Q4_1 and Q8_0 blocks store d (and m) in half, so a GGUF's grid
+    rounds back to its own d and m; float32 scales would cost a 4-bit weight a
+    fifth more bytes on every decode step."""
+    step16 = step.half().float()
+    lo16 = [offset.half().float() for offset in lo]
+    # The 8-bit kernel's offset is -128 * step: it must stay finite in half too.
+    offsets = lo16 or [(-128 * step16).half().float()]
+    if not all(torch.isfinite(t).all() for t in (step16, *offsets)):
+        return None
+    values = q * step16 + lo16[0] if lo16 else q * step16
+    magnitude = groups.abs().amax(-1, keepdim=True)
+    if not _within_grid((values - groups).abs_(), step16, magnitude):
+        return None
+    return (q, step16, *lo16)
+
+
 @dataclass
 class GridWeight:
     """A weight `step * codes + offset` in the int8-activation kernel's layout."""
 
     codes: torch.Tensor  # uint8, nibbles for a 4-bit grid
-    scales: torch.Tensor  # float32 step and offset per group of 32
+    scales: torch.Tensor  # float16 step and offset per group of 32 (exact: see _in_half)
     bits: int
     rows: int
     grid: str
@@ -125,7 +145,7 @@ class GridWeight:
 
     @property
     def nbytes(self) -> int:
-        return self.codes.numel() + self.scales.numel() * 4
+        return self.codes.numel() + self.scales.numel() * self.scales.element_size()
 
     def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """On VNNI, or on BF16 tiles from many rows where the CPU has AMX
@@ -188,6 +208,8 @@ def pack_if_on_grid(weight: torch.Tensor, kernel: str = "bf16") -> PackedWeight 
     for on_grid, pack in packers:
         if on_grid(probe) is not None:
             grid = on_grid(groups)
+            if grid is not None and kernel == "int8":
+                grid = _in_half(groups, *grid)
             return None if grid is None else pack(*grid)
     return None
 

@@ -128,6 +128,33 @@ def test_weights_off_any_grid_stay_dense(weight):
     assert pack_if_on_grid(weight) is None
 
 
+@pytest.mark.parametrize("make, grid", [(_q4_1_grid, "4-bit"), (_q8_0_grid, "8-bit")])
+def test_the_int8_kernel_keeps_a_gguf_grids_half_scales_exactly(make, grid):
+    """The int8 kernel stores step and offset in half, as the GGUF block did: they
+    come back bit for bit, and the packed values are the checkpoint's."""
+    q, step, low = make(torch.Generator().manual_seed(4))
+    packed = pack_if_on_grid(_weight(q, step, low), kernel="int8")
+    assert packed is not None and packed.grid == grid and packed.scales.dtype == torch.float16
+    tiles = packed.scales.float().reshape(ROWS // 16, COLS // 32, 2, 16)
+    steps = tiles[:, :, 0].permute(0, 2, 1).reshape(ROWS, COLS // 32, 1)
+    assert torch.equal(steps, step)
+    if grid == "4-bit":
+        offsets = tiles[:, :, 1].permute(0, 2, 1).reshape(ROWS, COLS // 32, 1)
+        assert torch.equal(offsets, low)
+    assert packed.nbytes == packed.codes.numel() + 2 * packed.scales.numel()
+
+
+@pytest.mark.parametrize("make", [_q4_1_grid, _q8_0_grid])
+def test_a_grid_whose_steps_half_cannot_hold_stays_dense_for_the_int8_kernel(make):
+    """Half scales would move such a weight's values: the int8 kernel leaves it dense,
+    torch's int4 kernel (BF16 scales within its own bound) still packs it."""
+    q, step, low = make(torch.Generator().manual_seed(5))
+    step = step * (1 + 2.0**-9)  # off the half grid by a quarter of a half step
+    weight = _weight(q, step, low)
+    assert pack_if_on_grid(weight, kernel="int8") is None
+    assert pack_if_on_grid(weight, kernel="bf16") is not None
+
+
 def test_a_single_off_grid_value_keeps_the_whole_weight_dense():
     weight = _q4_1_weight(torch.Generator().manual_seed(1))
     weight[40, 45] += 1e-3  # past the rows probed first

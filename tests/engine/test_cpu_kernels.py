@@ -37,8 +37,10 @@ def _quantized_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def _grid(rows: int, cols: int, bits: int, gen: torch.Generator):
     levels = 2**bits
     codes = torch.randint(0, levels, (rows, cols // GROUP, GROUP), generator=gen).float()
-    step = torch.rand(rows, cols // GROUP, 1, generator=gen) * 0.02 + 1e-3
+    # Scales and offsets in half precision, as GGUF blocks store them (the kernel's layout).
+    step = (torch.rand(rows, cols // GROUP, 1, generator=gen) * 0.02 + 1e-3).half().float()
     offset = -step * (levels // 2) + torch.randn(rows, cols // GROUP, 1, generator=gen) * 1e-3
+    offset = offset.half().float()
     return codes, step, offset, (codes * step + offset).reshape(rows, cols)
 
 
