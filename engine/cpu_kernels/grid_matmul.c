@@ -22,6 +22,7 @@
 #define GROUP 32
 #define TILE 16
 #define ROW_BLOCK 16
+#define SERIAL_QUANTIZE_ROWS 4
 
 /* One row: xq[k] int8, dx[g] = amax / 127, cx[g] = dx * sum(xq in group). */
 static void quantize_row(const void *x, int bf16, int64_t K, int8_t *xq, float *dx, float *cx) {
@@ -98,12 +99,21 @@ int grid_matmul(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *
     }
     const int64_t tile_bytes = groups * (bits == 4 ? 256 : 512);
     const int in_elem = x_bf16 ? 2 : 4, out_elem = out_bf16 ? 2 : 4;
-#pragma omp parallel num_threads(threads > 0 ? threads : 1)
-    {
-#pragma omp for schedule(static)
+    /* A decode step's few rows are quantized before the team starts: splitting
+       them would cost a barrier (the other thread waits) for under a microsecond. */
+    const int split_rows = M > SERIAL_QUANTIZE_ROWS;
+    if (!split_rows)
         for (int64_t r = 0; r < M; r++)
             quantize_row((const char *)x + r * K * in_elem, x_bf16, K, xq + r * K, dx + r * groups,
                          cx + r * groups);
+#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+    {
+        if (split_rows) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < M; r++)
+                quantize_row((const char *)x + r * K * in_elem, x_bf16, K, xq + r * K,
+                             dx + r * groups, cx + r * groups);
+        }
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; t++) {
             float acc[ROW_BLOCK * TILE];
