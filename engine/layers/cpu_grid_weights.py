@@ -10,12 +10,13 @@ kernels read them:
 - `int8` (engine/cpu_kernels, AVX-512 VNNI): the codes stay 4- or 8-bit with
   scales and offsets in half precision (as the GGUF blocks store them), and
   each row of activations is quantized to int8 per group of 32, as llama.cpp
-  does for these files. Integer dot products make it the fastest at every row count (a 3072x576 product 2.2x
-  faster than dense BF16 at 16 rows, 6x at one: `python bench/cpu_kernels.py`,
-  docs/BENCHMARKS.md), so these layers drop their dense weight. The weights
-  are exact; the activations carry int8 rounding (per group: half a step of
-  max|x|/127; accuracy in docs/CPU_KERNELS.md). Where the CPU has AMX, many
-  rows (prefill) go to BF16 tiles instead (engine/layers/cpu_matrix_path.py).
+  does for these files. Integer dot products make it the fastest at every row
+  count (a 3072x576 product 2.2x faster than dense BF16 at 16 rows, 6x at one:
+  `python bench/cpu_kernels.py`, docs/BENCHMARKS.md), so these layers drop
+  their dense weight. The weights are exact; the activations carry int8
+  rounding (per group: half a step of max|x|/127; accuracy in
+  docs/CPU_KERNELS.md). Where the CPU has AMX, many rows (prefill) go to BF16
+  tiles instead (engine/layers/cpu_matrix_path.py).
 - `bf16`: torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`, BF16
   activations, per-group scale and zero: value = (q - 8) * scale + zero); an
   8-bit grid becomes two 4-bit products (high and low nibbles). It loses to a
