@@ -241,7 +241,8 @@ class AsyncEngine:
         await self.call(lambda: self.engine.abort(request_id))
 
     async def stats(self) -> dict:
-        return await self._submit(self.engine.stats)  # also after a failure: ranks_alive
+        stats = await self._submit(self.engine.stats)  # also after a failure: ranks_alive
+        return {**stats, "stream_interval_ms": self._pacer.interval * 1000}
 
     async def pin_prefix(self, token_ids: list[int], cache_salt: str = "") -> Any:
         """Keep the cached pages of this prefix from eviction; the handle is for unpin."""

@@ -138,6 +138,7 @@ def test_async_engine_streams_add_up_to_the_whole(tiny_llama_dir, interval_ms):
         EngineConfig(model=str(tiny_llama_dir), kv_cache_dtype="bf16", stream_interval_ms=0)
     )
     try:
+        assert asyncio.run(engine.stats())["stream_interval_ms"] == 0
         whole = _stream(engine, "hello there", 24)
         engine._pacer.interval = interval_ms / 1000
         engine._pacer.clock = lambda: 0.0  # time stands still: only the rules release
