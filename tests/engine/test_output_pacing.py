@@ -154,3 +154,40 @@ def test_async_engine_streams_add_up_to_the_whole(tiny_llama_dir, interval_ms):
         assert len(paced) == 24
     else:  # the first token, then everything else with the last
         assert [len(o.outputs[0].delta_token_ids) for o in paced] == [1, 23]
+
+
+def test_tokens_held_when_a_step_fails_reach_the_reader_before_the_error(tiny_llama_dir):
+    from engine.async_engine import AsyncEngine
+    from engine.config import EngineConfig
+    from engine.requests.params import SamplingParams
+
+    engine = AsyncEngine(
+        EngineConfig(model=str(tiny_llama_dir), kv_cache_dtype="bf16", stream_interval_ms=1000)
+    )
+    engine._pacer.clock = lambda: 0.0  # nothing leaves by time: only the rules release
+    real_step, steps = engine.engine.step, []
+
+    def failing_step():
+        steps.append(1)
+        if len(steps) == 6:
+            raise RuntimeError("a broken kernel")
+        return real_step()
+
+    engine.engine.step = failing_step
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    received: list = []
+
+    async def run() -> None:
+        async for output in engine.generate("hello there", params, "failing"):
+            received.append(output)
+
+    try:
+        with pytest.raises(RuntimeError, match="a broken kernel"):
+            asyncio.run(run())
+    finally:
+        engine.shutdown()
+    # The first token alone, then the four held ones, flushed before the error.
+    assert [len(o.outputs[0].delta_token_ids) for o in received] == [1, 4]
+    assert sum((o.outputs[0].delta_token_ids for o in received), []) == (
+        received[-1].outputs[0].token_ids
+    )
