@@ -22,11 +22,11 @@ symmetric and orthonormal, rotating twice is the identity.
 
 Where it is applied: GQA models rotate q, k and v after RoPE and the
 attention output back, at run time (engine.models.decoder.RotatedKVAttention),
-leaving the weights as loaded. MLA folds the latent rotation into the
-weights with the helpers below (in float32, cast back once):
-- a linear layer's output rows that produce rotated values: W' = Hᵀ W, b' = b H
-  (per head: the same H acts on each head's rows);
-- a linear layer's input columns that consume rotated values: W' = W H.
+leaving the weights as loaded. MLA rotates the latent and the rope key at run
+time too, and folds the latent's inverse into kv_b_proj, the one matrix that
+reads the cache and stays dense anyway (attention reads it), with the helper
+below (in float32, cast back once): a linear layer's input columns that
+consume rotated values become W' = W H.
 """
 
 from __future__ import annotations
@@ -126,22 +126,6 @@ def _butterflies(x: torch.Tensor, block: int) -> torch.Tensor:
         )
         h *= 2
     return x.reshape(shape) * block**-0.5
-
-
-@torch.no_grad()
-def rotate_output_rows(
-    linear: torch.nn.Linear, start: int, heads: int, rotation: HadamardRotation
-) -> None:
-    """Rows [start, start + heads*dim) of a linear layer now produce `rotate(y)` per head."""
-    dim = rotation.dim
-    h = rotation.matrix().to(linear.weight.device)
-    rows = slice(start, start + heads * dim)
-    weight = linear.weight[rows].float().view(heads, dim, -1)
-    # (x Wᵀ) H per head == x (Hᵀ W)ᵀ, and H is symmetric.
-    linear.weight[rows] = torch.matmul(h.T, weight).reshape(heads * dim, -1).to(linear.weight.dtype)
-    if linear.bias is not None:
-        bias = linear.bias[rows].float().view(heads, dim)
-        linear.bias[rows] = torch.matmul(bias, h).reshape(-1).to(linear.bias.dtype)
 
 
 @torch.no_grad()

@@ -272,7 +272,8 @@ def pack_grid_weights(model: nn.Module, kernel: str = "bf16") -> dict[str, int]:
     embeddings) is packed once per Linear that uses it. The int8 kernel
     serves every row count, so its layers drop their dense weight (an empty
     tensor stays in its place) unless another module, such as a tied
-    embedding, reads it.
+    embedding, reads it. A layer marked `keeps_dense` (MLA's kv_b_proj, whose
+    matrix attention reads) is left dense.
     """
     report = {"4-bit": 0, "8-bit": 0, "dense": 0, "packed_bytes": 0, "dropped_bytes": 0}
     shared = {
@@ -283,6 +284,9 @@ def pack_grid_weights(model: nn.Module, kernel: str = "bf16") -> dict[str, int]:
     }
     for module in model.modules():
         if not isinstance(module, MethodLinear) or module.method is not DENSE:
+            continue
+        if getattr(module, "keeps_dense", False):  # something else reads its matrix (MLA's kv_b)
+            report["dense"] += 1
             continue
         packed = pack_if_on_grid(module.weight, kernel)
         if packed is None:

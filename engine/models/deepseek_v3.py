@@ -33,7 +33,7 @@ from torch import nn
 from engine.attention.mla import PATHS, MLADims, mla_attention
 from engine.collectives import parallel
 from engine.kv.mla_pool import MLALayout
-from engine.kv.rotation import HadamardRotation, rotate_input_columns, rotate_output_rows
+from engine.kv.rotation import HadamardRotation, rotate_input_columns
 from engine.layers.linear import ColumnParallelLinear, FusedLinear, RowParallelLinear, RowSlice
 from engine.layers.moe import ROUTER_FP32_SUFFIXES
 from engine.layers.moe_routing import RoutingConfig
@@ -105,45 +105,43 @@ class MLAAttention(nn.Module):
         self.kv_b_proj = ColumnParallelLinear(dims.lora_rank, kv_b_rows, bias=False)
         o_columns = RowSlice.heads(full.num_heads, dims.v_dim, "attention heads")
         self.o_proj = RowParallelLinear(o_columns, hidden, bias=bias)
-        # Attention reads kv_b_proj's matrix (the absorbed path), and the latent
-        # rotation folds into it and into the latent projection: they stay dense.
-        latent_proj = self.fused_qkv_a_proj if self.q_lora_rank else self.kv_a_proj_with_mqa
-        for dense in (self.kv_b_proj, latent_proj):
-            dense.keeps_dense = True
+        # Attention reads kv_b_proj's matrix (the absorbed path, and the latent
+        # rotation folds into it): it stays dense. The latent projection keeps its
+        # checkpoint form (packed, on a grid): the rotation of its output runs at run time.
+        self.kv_b_proj.keeps_dense = True
         self.rotary = rotary
         multiplier = softmax_scale_multiplier(cfg.rope, cfg.max_position_embeddings)
         self.scale = qk_head_dim**-0.5 * multiplier
         self.path = "auto"  # "absorbed" / "expanded" force one attention path (tests, benchmarks)
         self.rope_rotation: HadamardRotation | None = None
+        self.latent_rotation: HadamardRotation | None = None
 
     def enable_kv_rotation(self, batch_invariant: bool = False) -> str:
-        """Hadamard-rotate the cached latent (in the weights) and the rope key (at run time).
+        """Hadamard-rotate the cached latent and the rope key at run time, and fold the
+        latent's inverse into kv_b_proj.
 
-        The cached latent is c = g * n(a) with a the kv_a output, n the RMS
-        normalisation and g the norm's gain. The gain does not commute with a
-        rotation, so it moves into kv_b_proj's input columns first (g -> 1).
-        Then kv_a's latent rows produce Ha, and since n(Ha) = H n(a) (a
-        rotation keeps the RMS) the cache holds H n(a); kv_b_proj's input
-        columns take Hᵀ, so both attention paths (expanded, and absorbed through
-        W_UK / W_UV, the halves of kv_b_proj) compute what they did. The rope
-        key is rotated after RoPE with q's rope part, like GQA keys.
+        The cached latent is c = g * n(a): a the kv_a output, n the RMS
+        normalisation, g the norm's gain. The gain moves into kv_b_proj's input
+        columns (g -> 1), so the cache holds n(a) H, whose channels share one
+        magnitude (a rotation of g * n(a) would spread the rounding of the
+        large-gain channels over the small ones). kv_b_proj's input columns then
+        take H (W' = W diag(g) H, and H H = I): both attention paths, the expanded
+        one and the absorbed one through W_UK / W_UV (the halves of kv_b_proj),
+        compute what they did. The rope key is rotated after RoPE with q's rope
+        part, like GQA keys. The projections before the cache stay as loaded, so
+        a checkpoint's packed grid weights stay packed; the rotation is one small
+        product per token (lora_rank wide).
         """
         dims = self.dims
         if self.rope_rotation is None:
-            latent = HadamardRotation(dims.lora_rank)
+            self.latent_rotation = HadamardRotation(dims.lora_rank, batch_invariant)
             gain = self.kv_a_layernorm.weight.detach().float().clone()
-            rotate_input_columns(self.kv_b_proj, 1, latent, column_scale=gain)
+            rotate_input_columns(self.kv_b_proj, 1, self.latent_rotation, column_scale=gain)
             with torch.no_grad():
                 self.kv_a_layernorm.weight.fill_(1.0)
-            if self.q_lora_rank:
-                start, _ = self.fused_qkv_a_proj.shard_offsets["kv_a"]
-                rotate_output_rows(self.fused_qkv_a_proj, start, 1, latent)
-            else:
-                rotate_output_rows(self.kv_a_proj_with_mqa, 0, 1, latent)
-            self.latent_rotation = latent
             self.rope_rotation = HadamardRotation(dims.rope_dim, batch_invariant)
         return (
-            f"latent: {self.latent_rotation.describe()} (in the weights); "
+            f"latent: {self.latent_rotation.describe()} (at run time, inverse in kv_b_proj); "
             f"rope key: {self.rope_rotation.describe()}"
         )
 
@@ -163,6 +161,8 @@ class MLAAttention(nn.Module):
         q_nope, q_rope = q[..., : dims.nope_dim], q[..., dims.nope_dim :]
         latent, k_rope = kv_a.split([dims.lora_rank, dims.rope_dim], dim=-1)
         latent = self.kv_a_layernorm(latent)
+        if self.latent_rotation is not None:
+            latent = self.latent_rotation.rotate(latent)
         k_rope = k_rope.unsqueeze(1)  # [T, 1, rope]: one rope key shared by all heads
         self.rotary(positions, q_rope, ctx.step_cache)  # in place, through the views
         self.rotary(positions, k_rope, ctx.step_cache)

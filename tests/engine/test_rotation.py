@@ -108,6 +108,99 @@ def test_rotation_in_bf16_changes_nothing_beyond_rounding(family, family_dirs):
     assert agree >= 0.9
 
 
+def test_mla_rotates_the_latent_at_run_time_and_folds_only_kv_b(family_dirs):
+    """The latent is rotated at run time and kv_b_proj holds the inverse; the projections
+    before the cache stay as loaded (so a checkpoint's grid weights stay packed).
+    Putting kv_b_proj's unrotated weight back changes the output, so the test can fail."""
+    path = family_dirs["kimi_k2"]
+    _, plain = _logits(path, "float32", "auto", "none")
+    llm = LLM(str(path), dtype="float32", kv_cache_dtype="auto", kv_rotation="hadamard")
+    reference = LLM(str(path), dtype="float32", kv_cache_dtype="auto", kv_rotation="none")
+    attn = llm.engine.model.model.layers[0].self_attn
+    plain_attn = reference.engine.model.model.layers[0].self_attn
+    for name in ("fused_qkv_a_proj", "q_b_proj", "o_proj"):
+        assert torch.equal(getattr(attn, name).weight, getattr(plain_attn, name).weight), name
+    assert not torch.allclose(attn.kv_b_proj.weight, plain_attn.kv_b_proj.weight)
+    # The norm's gain moved into kv_b_proj with the rotation's inverse.
+    assert torch.equal(attn.kv_a_layernorm.weight, torch.ones_like(attn.kv_a_layernorm.weight))
+    with torch.no_grad():
+        attn.kv_b_proj.weight.copy_(plain_attn.kv_b_proj.weight)  # the fold undone
+    assert (llm.prompt_logits(PROMPT) - plain).abs().max().item() > 1e-3
+
+
+@pytest.mark.parametrize("dim", [64, 96])
+def test_rotate_is_x_times_h_and_its_own_inverse(dim):
+    torch.manual_seed(0)
+    rotation = HadamardRotation(dim)
+    x = torch.randn(5, 3, dim)
+    assert torch.allclose(rotation.rotate(x), x @ rotation.matrix(), atol=1e-5)
+    assert torch.allclose(rotation.rotate(rotation.rotate(x)), x, atol=1e-5)
+    q, k = torch.randn(4, dim), torch.randn(6, dim)
+    assert torch.allclose(rotation.rotate(q) @ rotation.rotate(k).T, q @ k.T, atol=1e-4)
+    assert rotation.rotate(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_rotation_spreads_an_outlier_channel():
+    """What rotation buys: a per-tensor scale is set by the amax, and rotating brings the
+    amax down towards the RMS (the norm is kept), so small values sit higher in FP8's range."""
+    torch.manual_seed(0)
+    k = torch.randn(256, 64)
+    k[:, 3] *= 40  # one channel far larger than the rest, as in real keys
+    rotated = HadamardRotation(64).rotate(k)
+    assert torch.allclose(rotated.norm(dim=-1), k.norm(dim=-1), rtol=1e-4)
+    assert rotated.abs().max() < k.abs().max() / 4
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rotation")
+    return {family: make_checkpoint(family, root / family).path for family in FAMILIES}
+
+
+def _logits(path, dtype, kv, rotation, chunk_size=None, path_override=None):
+    llm = LLM(str(path), dtype=dtype, kv_cache_dtype=kv, kv_rotation=rotation)
+    if path_override is not None:
+        llm.engine.model.set_mla_path(path_override)
+    return llm, llm.prompt_logits(PROMPT, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rotation_is_exact_in_float32(family, family_dirs):
+    plain_llm, plain = _logits(family_dirs[family], "float32", "auto", "none")
+    rotated_llm, rotated = _logits(family_dirs[family], "float32", "auto", "hadamard")
+    assert rotated_llm.engine.kv_rotation == "hadamard" and rotated_llm.engine.kv_rotation_detail
+    assert (plain - rotated).abs().max().item() < FLOAT32_TOL
+    # Decode steps (one token per step) too.
+    _, decoded = _logits(family_dirs[family], "float32", "auto", "hadamard", chunk_size=1)
+    assert (plain - decoded).abs().max().item() < FLOAT32_TOL
+    # Not trivially equal: the cache really holds rotated values.
+    stored = [llm.engine.pool.storage[0, : len(PROMPT)] for llm in (plain_llm, rotated_llm)]
+    assert (stored[0] - stored[1]).abs().max().item() > 1e-2
+
+
+@pytest.mark.parametrize("mla_path", ["absorbed", "expanded"])
+def test_mla_rotation_is_exact_on_both_attention_paths(mla_path, family_dirs):
+    path = family_dirs["kimi_k2"]
+    _, plain = _logits(path, "float32", "auto", "none", path_override=mla_path)
+    _, rotated = _logits(path, "float32", "auto", "hadamard", path_override=mla_path)
+    assert (plain - rotated).abs().max().item() < FLOAT32_TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rotation_in_bf16_changes_nothing_beyond_rounding(family, family_dirs):
+    """BF16 weights and KV: the rotated model differs from the plain one by no more than
+    BF16 itself differs from float32 (the rounding the rotation re-does)."""
+    path = family_dirs[family]
+    _, exact = _logits(path, "float32", "auto", "none")
+    _, plain = _logits(path, "bfloat16", "bf16", "none")
+    _, rotated = _logits(path, "bfloat16", "bf16", "hadamard")
+    rounding = (plain - exact).abs().mean().item()
+    assert (rotated - plain).abs().mean().item() <= 1.5 * rounding
+    assert (rotated - exact).abs().mean().item() <= 1.5 * rounding
+    agree = (rotated.argmax(-1) == plain.argmax(-1)).float().mean().item()
+    assert agree >= 0.9
+
+
 def test_mla_fold_is_what_keeps_outputs_unchanged(family_dirs):
     """The latent rotation lives in the weights (norm gain moved into kv_b_proj, kv_a rows
     rotated): undoing one part of the fold changes the output, so the test can fail."""
