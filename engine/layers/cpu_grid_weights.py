@@ -91,17 +91,58 @@ def _part(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> PackedPar
 
 
 def _within_grid(error: torch.Tensor, step: torch.Tensor, magnitude: torch.Tensor) -> bool:
-    return bool((error <= step * _STEP_TOLERANCE + magnitude * _FLOAT32_SLACK).all())
+    return bool((error <= step.abs() * _STEP_TOLERANCE + magnitude * _FLOAT32_SLACK).all())
 
 
 def _four_bit_grid(groups: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
-    """(q, step, lo) when every group is `lo + step * q`, q in 0..15, as Q4_1 writes them."""
+    """(q, step, lo) when every group is `lo + step * q`, q in 0..15, else None.
+
+    Two ways a GGUF block puts a group there, taken group by group:
+    - Q4_1 maps the group's minimum to 0 and its maximum to 15: lo = min,
+      step = (max - min) / 15.
+    - Q4_0 stores d * (q - 8) with d = -v / 8 for v the value of largest
+      magnitude, which lands on q = 0: lo = v, step = -v / 8 (negative when v
+      is). Its top level, 7d, is reached only when some value rounds to 15,
+      which most groups of a random weight never do, so min and max alone
+      would miss the grid.
+
+    Each group takes the first reading that reproduces it, preferring one whose
+    step and offset are exact in half precision (as the file stored d and m:
+    Q4_0's group with a positive extreme read the Q4_1 way would need 7d as
+    its offset, which half cannot hold).
+    """
     lo = groups.amin(-1, keepdim=True)
     hi = groups.amax(-1, keepdim=True)
-    step = (hi - lo) / 15
-    q = ((groups - lo) / torch.where(step > 0, step, 1.0)).round_().clamp_(0, 15)
+    magnitude = lo.abs() + hi.abs()
+    anchor = torch.where(hi.abs() > lo.abs(), hi, lo)  # the value of largest magnitude
+    readings = [(lo, (hi - lo) / 15), (anchor, -anchor / 8)]
+    halves = [(start.half().float(), step.half().float(), 0.0) for start, step in readings]
+    chosen = None
+    for start, step, tolerance in halves + [(*r, _STEP_TOLERANCE) for r in readings]:
+        *grid, fits = _four_bit_fit(groups, start, step, magnitude, tolerance)
+        if chosen is None:
+            chosen, taken = grid, fits
+        else:
+            new = fits & ~taken
+            chosen = [torch.where(new, a, b) for a, b in zip(grid, chosen, strict=True)]
+            taken = taken | fits
+        if taken.all():  # a Q4_1 file's weights: the first reading fits them all
+            break
+    return tuple(chosen) if taken.all() else None
+
+
+def _four_bit_fit(
+    groups, lo, step, magnitude, tolerance: float = _STEP_TOLERANCE
+) -> tuple[torch.Tensor, ...]:
+    """(q, step, lo, fits) for the grid `lo + step * q`, q in 0..15; `fits` [.., 1] per group.
+
+    `tolerance` is the fraction of a step a value may be off; 0 for the half
+    readings, which must reproduce a group to float32 rounding (a half offset a
+    little off the group's own would otherwise pass)."""
+    q = ((groups - lo) / torch.where(step != 0, step, 1.0)).round_().clamp_(0, 15)
     error = (q * step + lo - groups).abs_()
-    return (q, step, lo) if _within_grid(error, step, lo.abs() + hi.abs()) else None
+    bound = step.abs() * tolerance + magnitude * _FLOAT32_SLACK
+    return q, step, lo, (error <= bound).all(-1, keepdim=True)
 
 
 def _eight_bit_grid(groups: torch.Tensor) -> tuple[torch.Tensor, ...] | None:

@@ -155,6 +155,40 @@ def test_a_grid_whose_steps_half_cannot_hold_stays_dense_for_the_int8_kernel(mak
     assert pack_if_on_grid(weight, kernel="bf16") is not None
 
 
+@pytest.mark.parametrize("kernel", ["int8", "bf16"])
+def test_q4_0_blocks_pack_though_most_groups_never_reach_their_top_level(kernel):
+    """llama.cpp's Q4_0 (gguf's own quantizer and dequantizer as the reference): d * (q - 8)
+    with the largest magnitude at q = 0, so most groups never reach 7d and their minimum
+    and maximum are not the grid's ends. They pack, to the file's values."""
+    from gguf import GGMLQuantizationType, quants
+
+    from engine.cpu_kernels.library import unavailable
+    from engine.layers.cpu_grid_weights import _four_bit_fit
+
+    if kernel == "int8" and unavailable():
+        pytest.skip(f"CPU kernels: {unavailable()}")
+    weight = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(6)) * 0.05
+    blocks = quants.quantize(weight.numpy(), GGMLQuantizationType.Q4_0)
+    values = torch.from_numpy(quants.dequantize(blocks, GGMLQuantizationType.Q4_0).copy())
+    values = values.reshape(ROWS, COLS).float()
+    groups = values.reshape(ROWS, -1, 32)
+    lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    by_ends = _four_bit_fit(groups, lo, (hi - lo) / 15, lo.abs() + hi.abs())[-1]
+    assert by_ends.float().mean() < 0.8  # the min/max reading alone would leave it dense
+    packed = pack_if_on_grid(values, kernel)
+    assert packed is not None and packed.grid == "4-bit"
+    identity = torch.eye(COLS)
+    if kernel == "int8":
+        # One-hot rows quantize exactly (127 * 1/127): the product returns each column.
+        # A few rows at a time: from BF16_MIN_ROWS on, an AMX machine takes BF16 tiles.
+        got = torch.cat([packed.matmul(rows, torch.float32) for rows in identity.split(8)])
+        assert torch.allclose(got, values.T, rtol=0, atol=2.0**-20)
+    else:
+        got = packed.matmul(identity.bfloat16()).float()
+        amax = groups.abs().amax(-1).repeat_interleave(32, dim=1)  # [ROWS, COLS]
+        assert ((got - values.T).abs() <= 2 * BF16_U * amax.T).all()
+
+
 def test_a_single_off_grid_value_keeps_the_whole_weight_dense():
     weight = _q4_1_weight(torch.Generator().manual_seed(1))
     weight[40, 45] += 1e-3  # past the rows probed first
