@@ -53,11 +53,12 @@ def test_the_kernel_multiplies_the_files_values(type_name):
 @pytest.mark.skipif(bool(unavailable()), reason=f"CPU kernels: {unavailable()}")
 def test_a_layer_joined_from_4_and_8_bit_parts_stays_exact():
     """A fused layer whose parts a Q4_K_M-style file stores in different types."""
-    parts = [_file_bytes("Q4_1", 3, rows=24), _file_bytes("Q8_0", 4, rows=8)]
-    parts.append(_file_bytes("Q4_0", 5, rows=16))
-    decoded = [
-        decode_blocks(data, t, COLS) for (data, _), t in zip(parts, ["Q4_1", "Q8_0", "Q4_0"])
+    types = ["Q4_1", "Q8_0", "Q4_0"]
+    parts = [
+        _file_bytes(t, seed, rows)
+        for t, seed, rows in zip(types, (3, 4, 5), (24, 8, 16), strict=True)
     ]
+    decoded = [decode_blocks(data, t, COLS) for (data, _), t in zip(parts, types, strict=True)]
     joined = join_rows(decoded)
     assert joined.bits == 8 and joined.rows == 48
     codes, scales = pack_grid_rows(joined)
