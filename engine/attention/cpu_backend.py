@@ -11,14 +11,20 @@ call too (kv_write.c, FP8 bytes equal to the pool's own write).
 Prefill and mixed steps with BF16 queries go to paged_prefill.c on CPUs with
 AVX-512 BF16: causal attention in BF16 dot products over the pages, about 2.5x
 torch's SDPA on this work (which must take an explicit mask as soon as a chunk
-sits over a cached prefix). Float32 queries, MLA pools, and layouts the
-kernels do not take stay on the torch path.
+sits over a cached prefix). Float32 queries and layouts the kernels do not
+take stay on the torch path.
+
+MLA decode steps (engine/attention/mla.py calls `mla_decode`) go to
+mla_decode.c: the absorbed path in one call, where torch spends ~5 ms a Kimi
+layer in SDPA and two einsums at shapes too small for them. MLA prefill
+stays on the torch paths.
 """
 
 from __future__ import annotations
 
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import TorchAttentionBackend
+from engine.cpu_kernels import mla_decode as mla_kernel
 from engine.cpu_kernels.paged_decode import kv_write, paged_decode, supports
 from engine.cpu_kernels.paged_prefill import paged_prefill, prefill_supports
 
@@ -79,5 +85,33 @@ class CPUAttentionBackend(TorchAttentionBackend):
             meta.context_lengths(),
             k_factor,
             v_factor,
+            softmax_scale,
+        )
+
+    def mla_decode(
+        self, layer, q_nope, q_rope, latent, k_rope, kv_b_weight, pool, meta, dims, softmax_scale
+    ):
+        """Absorbed MLA for a decode step -> [B, H, v_dim] (one token a sequence: the order
+        mla_attention returns); None leaves the step to torch. Shapes as mla_attention's."""
+        storage = getattr(pool, "storage", None)
+        dequant_factors = getattr(pool, "dequant_factors", None)
+        if (
+            not meta.decode_only
+            or storage is None
+            or dequant_factors is None
+            or not mla_kernel.supports(q_nope, q_rope, kv_b_weight, storage[layer])
+        ):
+            return None
+        # The pool's own write: it calibrates FP8 scales on a layer's first write, and
+        # the factors are read after it.
+        pool.write(layer, latent, k_rope, meta.slot_mapping)
+        return mla_kernel.mla_decode(
+            q_nope,
+            q_rope,
+            kv_b_weight,
+            storage[layer],
+            meta.context_slots,
+            meta.context_lengths(),
+            *dequant_factors(layer),
             softmax_scale,
         )

@@ -81,7 +81,7 @@ def mla_attention(
 
     q_nope [T, H, nope], q_rope [T, H, rope] (rotated), latent [T, lora_rank]
     (normalised), k_rope [T, rope] (rotated), kv_b_weight [H*(nope+v), lora_rank].
-    An attention backend with an `mla_decode` method (the Triton one) takes
+    An attention backend with an `mla_decode` method (the Triton and CPU ones) takes
     absorbed decode steps; it returns None for steps it leaves to torch.
     """
     if path not in PATHS:

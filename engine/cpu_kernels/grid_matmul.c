@@ -17,70 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "simd.h"
-
-#define GROUP 32
-#define TILE 16
-#define ROW_BLOCK 16
-#define SERIAL_QUANTIZE_ROWS 4
-
-/* One row: xq[k] int8, dx[g] = amax / 127, cx[g] = dx * sum(xq in group). */
-static void quantize_row(const void *x, int bf16, int64_t K, int8_t *xq, float *dx, float *cx) {
-    const int elem = bf16 ? 2 : 4;
-    for (int64_t g = 0; g < K / GROUP; g++) {
-        const char *src = (const char *)x + g * GROUP * elem;
-        __m512 a = row16_load(src, bf16);
-        __m512 b = row16_load(src + TILE * elem, bf16);
-        __m512 amax = _mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b));
-        float m = _mm512_reduce_max_ps(amax);
-        float inv = m > 0.0f ? 127.0f / m : 0.0f;
-        __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
-        __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
-        _mm_storeu_si128((__m128i *)(xq + g * GROUP), _mm512_cvtsepi32_epi8(qa));
-        _mm_storeu_si128((__m128i *)(xq + g * GROUP + TILE), _mm512_cvtsepi32_epi8(qb));
-        int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
-        dx[g] = m / 127.0f;
-        cx[g] = dx[g] * (float)sum;
-    }
-}
-
-/* acc[r][16] = rows r0..r0+rows of x times one tile of 16 weight rows. */
-static inline void tile_rows(const uint8_t *tile, const uint16_t *scales, int bits, int64_t groups,
-                             const int8_t *xq, const float *dx, const float *cx, int64_t K,
-                             int64_t rows, float *acc) {
-    const int64_t group_bytes = bits == 4 ? 256 : 512;
-    const __m512i low = _mm512_set1_epi8(0x0F);
-    for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(acc + r * TILE, _mm512_setzero_ps());
-    for (int64_t g = 0; g < groups; g++) {
-        const uint8_t *src = tile + g * group_bytes;
-        __m512i w[8];
-        if (bits == 4) {
-            for (int j = 0; j < 4; j++) {
-                __m512i v = _mm512_loadu_si512(src + 64 * j);
-                w[2 * j] = _mm512_and_si512(v, low);
-                w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-            }
-        } else {
-            for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(src + 64 * j);
-        }
-        const __m256i *halves = (const __m256i *)(scales + g * 2 * TILE);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(halves));
-        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(halves + 1));
-        for (int64_t r = 0; r < rows; r++) {
-            const int32_t *xr = (const int32_t *)(xq + r * K + g * GROUP);
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j += 2) {
-                s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(xr[j]));
-                s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32(xr[j + 1]));
-            }
-            __m512 a = _mm512_loadu_ps(acc + r * TILE);
-            __m512 prod = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-            a = _mm512_fmadd_ps(prod, _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g])), a);
-            a = _mm512_fmadd_ps(m, _mm512_set1_ps(cx[r * groups + g]), a);
-            _mm512_storeu_ps(acc + r * TILE, a);
-        }
-    }
-}
+#include "grid_tiles.h"
 
 /* out[M, N] = x[M, K] @ W^T (+ bias). N is the real row count of W; the packed
    weight holds ceil(N / 16) tiles. x and out are float32 or bfloat16; the work
@@ -97,7 +34,7 @@ int grid_matmul(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *
         free(xq), free(dx), free(cx);
         return -1;
     }
-    const int64_t tile_bytes = groups * (bits == 4 ? 256 : 512);
+    const int64_t w_tile = tile_bytes(bits, groups);
     const int in_elem = x_bf16 ? 2 : 4, out_elem = out_bf16 ? 2 : 4;
     /* A decode step's few rows are quantized before the team starts: splitting
        them would cost a barrier (the other thread waits) for under a microsecond. */
@@ -122,7 +59,7 @@ int grid_matmul(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *
             const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
             for (int64_t r0 = 0; r0 < M; r0 += ROW_BLOCK) {
                 const int64_t rows = M - r0 < ROW_BLOCK ? M - r0 : ROW_BLOCK;
-                tile_rows(weight + t * tile_bytes, scales + t * groups * 2 * TILE, bits, groups,
+                tile_rows(weight + t * w_tile, scales + t * groups * 2 * TILE, bits, groups,
                           xq + r0 * K, dx + r0 * groups, cx + r0 * groups, K, rows, acc);
                 for (int64_t r = 0; r < rows; r++)
                     row16_store((char *)out + ((r0 + r) * N + n0) * out_elem,

@@ -16,6 +16,11 @@ int paged_decode(const void *q, int q_bf16, const uint8_t *kv, int kv_kind, cons
 int kv_write(const void *k, const void *v, int in_bf16, int64_t tokens, int64_t heads, int64_t D,
              int64_t k_stride, int64_t v_stride, const int64_t *slots, uint8_t *storage, int kind,
              const float *k_scale, const float *v_scale, int threads);
+int mla_decode(const void *q_nope, const void *q_rope, int64_t nope_stride_b, int64_t nope_stride_h,
+               int64_t rope_stride_b, int64_t rope_stride_h, int bf16, const void *kv_b,
+               const uint8_t *rows, int kv_kind, const int64_t *slots, const int64_t *lens,
+               int64_t B, int64_t L, int64_t H, int64_t nope, int64_t rope, int64_t v, int64_t r,
+               float latent_factor, float rope_factor, float softmax_scale, void *out, int threads);
 int rms_norm(const uint16_t *x, uint16_t *residual, const uint16_t *weight, float eps,
              uint16_t *out, int64_t rows, int64_t hidden, int threads);
 int silu_mul(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width, int threads);

@@ -71,9 +71,7 @@ int silu_mul(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width
             const __mmask16 m = tail_mask(width - i);
             const __m512 g = bf16x16_load_masked(gate + i, m);
             const __m512 u = bf16x16_load_masked(up + i, m);
-            const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
-            const __m512 act = bf16x16_round(_mm512_div_ps(g, _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
-            _mm256_mask_storeu_epi16(dst + i, m, bf16x16_from(_mm512_mul_ps(act, u)));
+            _mm256_mask_storeu_epi16(dst + i, m, bf16x16_from(swiglu16(g, u)));
         }
     }
     return 0;

@@ -48,6 +48,11 @@ _SIGNATURES = {
     "grid_matmul": [_PTR, _INT, _I64, _I64, _PTR, _PTR, _INT, _I64, _PTR, _PTR, _INT, _INT],
     # codes, scales, bits, K, N, out (bf16), threads
     "grid_dequantize": [_PTR, _PTR, _INT, _I64, _I64, _PTR, _INT],
+    # x, T, hidden, intermediate, ids, weights, top_k, experts, num_experts, gate_up_bits,
+    # down_bits, out, threads
+    "moe_experts": [
+        *(_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, _INT, _INT, _PTR, _INT)
+    ],
     # x, x_bf16, M, K, packed, scales, group, N, bias, out, out_bf16, int8, threads
     "int4_matmul": [_PTR, _INT, _I64, _I64, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _INT, _INT, _INT],
     # x, x_bf16, M, K, weight, scales, blocks, col_offset, block_cols, scale_rows, N, bias,
@@ -70,6 +75,13 @@ _SIGNATURES = {
     "paged_prefill": [
         *(_PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR),
         *(_FLOAT, _PTR, _INT),
+    ],
+    # q_nope, q_rope, nope strides (b, h), rope strides (b, h), bf16, kv_b, rows, kv_kind,
+    # slots, lens, B, L, H, nope, rope, v, r, latent_factor, rope_factor, softmax_scale,
+    # out, threads
+    "mla_decode": [
+        *(_PTR, _PTR, _I64, _I64, _I64, _I64, _INT, _PTR, _PTR, _INT, _PTR, _PTR),
+        *(_I64, _I64, _I64, _I64, _I64, _I64, _I64, _FLOAT, _FLOAT, _FLOAT, _PTR, _INT),
     ],
     # k, v, in_bf16, tokens, heads, D, k_stride, v_stride, slots, storage, kind,
     # k_scale, v_scale, threads

@@ -26,26 +26,6 @@ static inline __m512 load_row16(const uint8_t *src, int kind) {
 }
 
 
-/* lane i of the result = the sum of the 16 lanes of a[i] (a transposing tree:
-   15 adds and 30 shuffles for 16 sums, where 16 separate reductions take ~100). */
-static inline __m512 reduce16(const __m512 *a) {
-    __m512 b[8], c[4], e[2];
-    for (int k = 0; k < 8; k++)
-        b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0x44),
-                             _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0xEE));
-    for (int k = 0; k < 4; k++)
-        c[k] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], 0x88),
-                             _mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], 0xDD));
-    for (int k = 0; k < 2; k++)
-        e[k] = _mm512_add_ps(_mm512_unpacklo_ps(c[2 * k], c[2 * k + 1]),
-                             _mm512_unpackhi_ps(c[2 * k], c[2 * k + 1]));
-    const __m512 g = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    /* lane 4j + t of g holds source 4t + j */
-    const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-    return _mm512_permutexvar_ps(order, g);
-}
-
 static void softmax_rows(float *scores, int64_t rows, int64_t len, float *totals) {
     for (int64_t g = 0; g < rows; g++) {
         float *row = scores + g * len;

@@ -33,6 +33,7 @@ from engine.kv.scales import apply_fixed_scales, read_scales_file, resolve_rotat
 from engine.kv.sizing import KVLayout, capacity_tokens, kv_bytes_per_token
 from engine.layers.batch_invariant import make_linear_layers_batch_invariant
 from engine.layers.cpu_grid_weights import pack_grid_weights
+from engine.layers.cpu_moe_experts import use_cpu_moe_experts
 from engine.layers.layer_ops import CPU_LAYER_OPS
 from engine.layers.packed_methods import Int4GroupMethod
 from engine.model_files.model_config import load_config
@@ -246,8 +247,9 @@ def _choose_int4_activations(model: torch.nn.Module, cpu_kernel: str) -> int:
 
 def _use_cpu_layer_kernels(model: torch.nn.Module, fuse_decode: bool) -> None:
     """Norms, rotary, SwiGLU and K/V rotations through the C layer ops, and with
-    `fuse_decode` whole decode steps in one C call, where the kernels run; the
-    model's torch ops otherwise. Chosen here once: the modules call what they hold."""
+    `fuse_decode` (one rank) whole decode steps and each MoE layer's routed experts
+    in one C call, where the kernels run; the model's torch ops otherwise. Chosen
+    here once: the modules call what they hold."""
     if cpu_kernels_unavailable():
         return
     routed = model.use_layer_ops(CPU_LAYER_OPS)
@@ -255,6 +257,8 @@ def _use_cpu_layer_kernels(model: torch.nn.Module, fuse_decode: bool) -> None:
     if fused is not None:
         model.model.decode_step = fused
     routed["fused decode"] = int(fused is not None)
+    if fuse_decode:
+        routed["fused MoE experts"] = use_cpu_moe_experts(model)
     log.info("CPU layer kernels: %s", ", ".join(f"{n} {k}" for k, n in routed.items()))
 
 

@@ -135,9 +135,16 @@ class MLALatentPool(PagedPoolBase):
         """
         rows = self.storage[layer].index_select(0, slots.reshape(-1))
         rows = rows.view(*slots.shape, self.layout.latent_dim)
+        if self.is_fp8:
+            rows = fp8_bits_to_half(rows)
+        return (rows.to(dtype), *self.dequant_factors(layer))
+
+    def dequant_factors(self, layer: int) -> tuple[float, float]:
+        """The latent and rope factors of `gather`, for kernels that decode the stored rows
+        themselves (FP8 bytes read as the half holding value * 2**-8, as gather does)."""
         if not self.is_fp8:
-            return rows.to(dtype), 1.0, 1.0
-        rows = fp8_bits_to_half(rows).to(dtype)
-        latent_factor = float(self.latent_scale[layer]) * HALF_TRICK_FACTOR
-        rope_factor = float(self.rope_scale[layer]) * HALF_TRICK_FACTOR
-        return rows, latent_factor, rope_factor
+            return 1.0, 1.0
+        return (
+            float(self.latent_scale[layer]) * HALF_TRICK_FACTOR,
+            float(self.rope_scale[layer]) * HALF_TRICK_FACTOR,
+        )

@@ -98,6 +98,8 @@ class SparseMoE(nn.Module):
         self.shared_experts = shared_experts
 
     fused = None  # the stacked experts for the fused GPU kernel (use_fused_kernel)
+    # All routed experts in one C call on CPU (engine/layers/cpu_moe_experts.py), set at load.
+    cpu_experts = None
 
     def use_fused_kernel(self) -> bool:
         """Stack this rank's experts for the fused MoE kernel (GPU); False when they
@@ -121,6 +123,8 @@ class SparseMoE(nn.Module):
 
             local_ids = self.local_index[expert_ids]
             out = fused_moe(x, local_ids, weights, self.fused)
+        elif self.cpu_experts is not None and self.cpu_experts.takes(x, expert_ids):
+            out = self.cpu_experts.run(x, weights, expert_ids)
         else:
             out = self.run_experts(x, weights, expert_ids)
         if self.shared_experts is not None:

@@ -354,6 +354,7 @@ def test_the_kernel_benchmark_runs_and_prints_json():
     assert result["benchmark"] == "cpu_kernels"
     assert {r["rows"] for r in result["grid_products"]} == {1, 3}
     assert all(r["c_us"] > 0 and r["torch_us"] > 0 for r in result["decode_attention"])
+    assert all(r["c_us"] > 0 and r["torch_us"] > 0 for r in result["mla_decode"])
     assert {(r["prefix"], r["new_tokens"]) for r in result["prefill_attention"]} == {
         (0, 40),
         (30, 17),

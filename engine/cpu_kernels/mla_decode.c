@@ -1,0 +1,292 @@
+/* Decode attention for multi-head latent attention (DeepSeek V3, Kimi K2.x):
+   one query token per sequence over the latent pool, absorbed.
+
+   A cached row is [c (r values) | k_rope (rope values)], one per token and
+   layer, shared by all heads (engine/kv/mla_pool.py). Head h folds W_UK[h]
+   (its first nope rows of kv_b_proj) into the query, q_lat = W_UK[h]^T
+   q_nope[h], attends over the rows as over one KV head r + rope wide, and
+   maps the result, still in latent space, through W_UV[h] (its other v
+   rows). torch spends ~5 ms a Kimi layer on this (SDPA and two einsums, on
+   slow paths at these small shapes); here it is three passes in one parallel
+   region:
+
+   1. the queries, per (sequence, head): q_lat and q_rope with the softmax
+      scale and the rows' dequant factors folded in;
+   2. attention, per (sequence, block of heads): TILE positions at a time,
+      each row decoded to float32 once for all the block's heads, then an
+      online softmax;
+   3. the output, per (sequence, head): out = W_UV[h] o_lat.
+
+   Sums are float32 throughout; only the output is rounded to the
+   activations' dtype. FP8 rows are e4m3 bytes read as the half holding
+   value * 2**-8; the latent and rope factors carry the scales and the 2**8,
+   exactly the factors pool.gather returns. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+#include "simd.h"
+
+/* TILE rows at a time; up to MAX_BLOCK heads share each decoded tile. Fetching
+   and decoding a row costs about what one head's work on it does, so the more
+   heads share it the better, though 16 heads' accumulators (2 KB each for Kimi)
+   and the tile (36 KB) spill L1: measured 15% faster than blocks of 8 at 4k rows,
+   40% faster than blocks of 4. */
+enum { TILE = 16, MAX_BLOCK = 16 };
+
+/* Scratch rows are padded: the latent part to a multiple of 64 (the
+   accumulation runs over 4 vectors at a time), the rope part to 16. */
+struct mla_shape {
+    int64_t H, nope, rope, v, r;
+    int64_t lat_w, width; /* padded latent part; padded whole row */
+};
+
+static inline __mmask16 lanes(int64_t remaining) {
+    return remaining <= 0 ? 0 : tail_mask(remaining);
+}
+
+/* 16 activations or weights (float32 or bf16), masked-off lanes zero and not read. */
+static inline __m512 act_load(const char *src, int bf16, __mmask16 m) {
+    return bf16 ? bf16x16_load_masked(src, m) : _mm512_maskz_loadu_ps(m, src);
+}
+
+/* 16 stored row values (float32, bf16 or e4m3 bytes), masked-off lanes zero. */
+static inline __m512 row_load(const uint8_t *src, int kind, __mmask16 m) {
+    if (kind == KV_FLOAT32) return _mm512_maskz_loadu_ps(m, src);
+    if (kind == KV_BF16) return bf16x16_load_masked(src, m);
+    __m256i bits = _mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(m, src));
+    bits = _mm256_and_si256(_mm256_slli_epi16(bits, 7), _mm256_set1_epi16((short)0xBF80));
+    return _mm512_cvtph_ps(bits);
+}
+
+/* dst[0, lat_w) = lat_mul * W_UK^T q_nope, dst[lat_w, width) = rope_mul * q_rope; the
+   padding is zero. wk: the head's nope rows of r values. qf: nope floats of scratch. */
+static void absorb_query(const struct mla_shape *s, const char *qn, const char *qr, int bf16,
+                         const char *wk, float lat_mul, float rope_mul, float *qf, float *dst) {
+    const int64_t elem = bf16 ? 2 : 4;
+    for (int64_t n = 0; n < s->nope; n += 16)
+        _mm512_storeu_ps(qf + n, act_load(qn + n * elem, bf16, lanes(s->nope - n)));
+    for (int64_t c0 = 0; c0 < s->lat_w; c0 += 64) {
+        __mmask16 m[4];
+        __m512 acc[4];
+        for (int k = 0; k < 4; k++) m[k] = lanes(s->r - c0 - 16 * k), acc[k] = _mm512_setzero_ps();
+        for (int64_t n = 0; n < s->nope; n++) {
+            const __m512 q = _mm512_set1_ps(qf[n]);
+            const char *w = wk + (n * s->r + c0) * elem;
+            for (int k = 0; k < 4; k++)
+                acc[k] = _mm512_fmadd_ps(q, act_load(w + 16 * k * elem, bf16, m[k]), acc[k]);
+        }
+        for (int k = 0; k < 4; k++)
+            _mm512_storeu_ps(dst + c0 + 16 * k, _mm512_mul_ps(acc[k], _mm512_set1_ps(lat_mul)));
+    }
+    for (int64_t i = 0; i < s->width - s->lat_w; i += 16) {
+        const __m512 q = act_load(qr + i * elem, bf16, lanes(s->rope - i));
+        _mm512_storeu_ps(dst + s->lat_w + i, _mm512_mul_ps(q, _mm512_set1_ps(rope_mul)));
+    }
+}
+
+/* Lane i = q . tile row i, over the padded width. */
+static inline __m512 tile_scores(const float *q, const float *tile, int64_t width) {
+    __m512 part[TILE];
+    for (int i = 0; i < TILE; i++) part[i] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < width; c += 16) {
+        const __m512 qc = _mm512_loadu_ps(q + c);
+        for (int i = 0; i < TILE; i++)
+            part[i] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(tile + i * width + c), part[i]);
+    }
+    return reduce16(part);
+}
+
+/* acc[g] = alpha[g] * acc[g] + sum over the tile's first n rows of p[g][i] * latent_i, for
+   GS heads, with 4 vectors of each head's accumulator in registers. */
+#define DEFINE_ACCUMULATE(GS)                                                                     \
+    static void accumulate_##GS(float *acc, const float *alpha, const float *p, const float *tile, \
+                                int64_t n, int64_t width, int64_t lat_w) {                         \
+        for (int64_t c0 = 0; c0 < lat_w; c0 += 64) {                                              \
+            __m512 a[GS][4];                                                                      \
+            for (int g = 0; g < GS; g++)                                                          \
+                for (int k = 0; k < 4; k++)                                                       \
+                    a[g][k] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * lat_w + c0 + 16 * k),      \
+                                            _mm512_set1_ps(alpha[g]));                            \
+            for (int64_t i = 0; i < n; i++) {                                                     \
+                __m512 x[4];                                                                      \
+                for (int k = 0; k < 4; k++)                                                       \
+                    x[k] = _mm512_loadu_ps(tile + i * width + c0 + 16 * k);                       \
+                for (int g = 0; g < GS; g++) {                                                    \
+                    const __m512 pg = _mm512_set1_ps(p[g * TILE + i]);                            \
+                    for (int k = 0; k < 4; k++) a[g][k] = _mm512_fmadd_ps(pg, x[k], a[g][k]);     \
+                }                                                                                 \
+            }                                                                                     \
+            for (int g = 0; g < GS; g++)                                                          \
+                for (int k = 0; k < 4; k++)                                                       \
+                    _mm512_storeu_ps(acc + g * lat_w + c0 + 16 * k, a[g][k]);                     \
+        }                                                                                         \
+    }
+
+DEFINE_ACCUMULATE(1)
+DEFINE_ACCUMULATE(2)
+DEFINE_ACCUMULATE(3)
+DEFINE_ACCUMULATE(4)
+
+typedef void (*accumulate_fn)(float *, const float *, const float *, const float *, int64_t,
+                              int64_t, int64_t);
+static const accumulate_fn ACCUMULATE[4] = {accumulate_1, accumulate_2, accumulate_3, accumulate_4};
+
+/* Per-thread scratch of the attention pass. */
+struct mla_scratch {
+    float *tile;  /* [TILE][width] decoded rows */
+    float *acc;   /* [block][lat_w] */
+    float *p;     /* [block][TILE] this tile's weights */
+    float *stats; /* [3][block]: running max, running sum, this tile's rescale */
+};
+
+/* One sequence's len rows against `heads` absorbed queries [heads][width] ->
+   o_lat [heads][lat_w] = latent_factor * softmax . latents. */
+static void attend(const struct mla_shape *s, const float *queries, int64_t heads,
+                   const uint8_t *rows, int kind, const int64_t *slots, int64_t len,
+                   float latent_factor, const struct mla_scratch *w, float *o_lat) {
+    const int64_t elem = kind == KV_FLOAT32 ? 4 : kind == KV_BF16 ? 2 : 1;
+    const int64_t row_elems = s->r + s->rope, width = s->width, lat_w = s->lat_w;
+    float *top = w->stats, *total = w->stats + heads, *alpha = w->stats + 2 * heads;
+    for (int64_t g = 0; g < heads; g++) {
+        top[g] = -INFINITY, total[g] = 0.0f;
+        for (int64_t c = 0; c < lat_w; c += 16)
+            _mm512_storeu_ps(w->acc + g * lat_w + c, _mm512_setzero_ps());
+    }
+    for (int64_t j0 = 0; j0 < len; j0 += TILE) {
+        const int64_t n = len - j0 < TILE ? len - j0 : TILE;
+        for (int64_t i = 0; i < n; i++) {
+            const uint8_t *src = rows + slots[j0 + i] * row_elems * elem;
+            float *dst = w->tile + i * width;
+            for (int64_t c = 0; c < lat_w; c += 16)
+                _mm512_storeu_ps(dst + c, row_load(src + c * elem, kind, lanes(s->r - c)));
+            for (int64_t c = 0; c < width - lat_w; c += 16)
+                _mm512_storeu_ps(dst + lat_w + c,
+                                 row_load(src + (s->r + c) * elem, kind, lanes(s->rope - c)));
+        }
+        /* Rows n.. of the tile hold an earlier tile's (finite) values: their scores are
+           masked here and the accumulation never reads them. */
+        const __mmask16 valid = tail_mask(n);
+        for (int64_t g = 0; g < heads; g++) {
+            const __m512 sc = _mm512_mask_blend_ps(
+                valid, _mm512_set1_ps(-INFINITY), tile_scores(queries + g * width, w->tile, width));
+            const float new_top = fmaxf(top[g], _mm512_reduce_max_ps(sc));
+            const __m512 e =
+                _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(sc, _mm512_set1_ps(new_top))));
+            alpha[g] = expf(top[g] - new_top); /* 0 on the first tile */
+            total[g] = total[g] * alpha[g] + _mm512_reduce_add_ps(e);
+            top[g] = new_top;
+            _mm512_storeu_ps(w->p + g * TILE, e);
+        }
+        for (int64_t g0 = 0; g0 < heads; g0 += 4) {
+            const int64_t gs = heads - g0 < 4 ? heads - g0 : 4;
+            ACCUMULATE[gs - 1](w->acc + g0 * lat_w, alpha + g0, w->p + g0 * TILE, w->tile, n, width,
+                               lat_w);
+        }
+    }
+    for (int64_t g = 0; g < heads; g++) {
+        const __m512 norm = _mm512_set1_ps(total[g] > 0.0f ? latent_factor / total[g] : 0.0f);
+        for (int64_t c = 0; c < lat_w; c += 16)
+            _mm512_storeu_ps(o_lat + g * lat_w + c,
+                             _mm512_mul_ps(_mm512_loadu_ps(w->acc + g * lat_w + c), norm));
+    }
+}
+
+/* out[0, v) = W_UV o_lat, 16 rows of W_UV at a time; wv: the head's v rows of r values. */
+static void expand_output(const struct mla_shape *s, const float *o_lat, const char *wv, int bf16,
+                          char *out) {
+    const int64_t elem = bf16 ? 2 : 4;
+    for (int64_t v0 = 0; v0 < s->v; v0 += 16) {
+        __m512 part[16];
+        const char *w[16];
+        for (int i = 0; i < 16; i++) {
+            part[i] = _mm512_setzero_ps();
+            /* past the last row: repeat it (a valid read, its lane is not stored) */
+            w[i] = wv + (v0 + i < s->v ? v0 + i : s->v - 1) * s->r * elem;
+        }
+        for (int64_t c = 0; c < s->r; c += 16) {
+            const __mmask16 m = lanes(s->r - c);
+            const __m512 oc = _mm512_loadu_ps(o_lat + c);
+            for (int i = 0; i < 16; i++)
+                part[i] = _mm512_fmadd_ps(act_load(w[i] + c * elem, bf16, m), oc, part[i]);
+        }
+        row16_store(out + v0 * elem, reduce16(part), bf16, tail_mask(s->v - v0));
+    }
+}
+
+/* q_nope [B, H, nope] and q_rope [B, H, rope] with the given element strides (the last
+   dimension contiguous); kv_b [H * (nope + v), r]; q, kv_b and out [B, H, v] all bf16
+   (bf16 = 1) or all float32. rows: one layer's pool [slots, r + rope] of kind kv_kind;
+   slots [B, L], row b valid up to lens[b]. Returns 0, or -1 without memory. */
+int mla_decode(const void *q_nope, const void *q_rope, int64_t nope_stride_b, int64_t nope_stride_h,
+               int64_t rope_stride_b, int64_t rope_stride_h, int bf16, const void *kv_b,
+               const uint8_t *rows, int kv_kind, const int64_t *slots, const int64_t *lens,
+               int64_t B, int64_t L, int64_t H, int64_t nope, int64_t rope, int64_t v, int64_t r,
+               float latent_factor, float rope_factor, float softmax_scale, void *out,
+               int threads) {
+    if (B == 0 || H == 0) return 0;
+    const int team = threads > 0 ? threads : 1;
+    const int64_t elem = bf16 ? 2 : 4, lat_w = (r + 63) / 64 * 64;
+    const struct mla_shape s = {H, nope, rope, v, r, lat_w, lat_w + (rope + 15) / 16 * 16};
+    /* Up to MAX_BLOCK heads a block, more blocks when there are fewer sequences than
+       threads: one sequence's 16 heads still spread over the team. */
+    int64_t blocks = (H + MAX_BLOCK - 1) / MAX_BLOCK;
+    const int64_t spread = (team + B - 1) / B;
+    if (blocks < spread) blocks = spread < H ? spread : H;
+    const int64_t block = (H + blocks - 1) / blocks;
+    blocks = (H + block - 1) / block;
+    float *queries = malloc(sizeof(float) * (size_t)(B * H * s.width));
+    float *latents = malloc(sizeof(float) * (size_t)(B * H * lat_w));
+    if (!queries || !latents) {
+        free(queries), free(latents);
+        return -1;
+    }
+    const char *weights = kv_b;
+    int failed = 0;
+#pragma omp parallel num_threads(team)
+    {
+        float *qf = malloc(sizeof(float) * (size_t)((nope + 15) / 16 * 16));
+        struct mla_scratch w = {
+            calloc((size_t)(TILE * s.width), sizeof(float)),
+            malloc(sizeof(float) * (size_t)(block * lat_w)),
+            malloc(sizeof(float) * (size_t)(block * TILE)),
+            malloc(sizeof(float) * (size_t)(3 * block)),
+        };
+        if (!qf || !w.tile || !w.acc || !w.p || !w.stats) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        /* Head-major, so a thread's tasks share W_UK[h] while it is in cache. */
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < H * B; task++) {
+            if (failed) continue;
+            const int64_t h = task / B, b = task % B;
+            const char *qn = (const char *)q_nope + (b * nope_stride_b + h * nope_stride_h) * elem;
+            const char *qr = (const char *)q_rope + (b * rope_stride_b + h * rope_stride_h) * elem;
+            absorb_query(&s, qn, qr, bf16, weights + h * (nope + v) * r * elem,
+                         softmax_scale * latent_factor, softmax_scale * rope_factor, qf,
+                         queries + (b * H + h) * s.width);
+        }
+#pragma omp for schedule(dynamic)
+        for (int64_t task = 0; task < B * blocks; task++) {
+            if (failed) continue;
+            const int64_t b = task / blocks, h0 = task % blocks * block;
+            const int64_t heads = H - h0 < block ? H - h0 : block;
+            attend(&s, queries + (b * H + h0) * s.width, heads, rows, kv_kind, slots + b * L,
+                   lens[b], latent_factor, &w, latents + (b * H + h0) * lat_w);
+        }
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < H * B; task++) {
+            if (failed) continue;
+            const int64_t h = task / B, b = task % B;
+            const char *wv = weights + (h * (nope + v) + nope) * r * elem;
+            expand_output(&s, latents + (b * H + h) * lat_w, wv, bf16,
+                          (char *)out + (b * H + h) * v * elem);
+        }
+        free(qf), free(w.tile), free(w.acc), free(w.p), free(w.stats);
+    }
+    free(queries), free(latents);
+    return failed ? -1 : 0;
+}
