@@ -93,11 +93,12 @@ class CausalLM(nn.Module):
                 if isinstance(module, kind):
                     module.ops = ops
                     counts[name] += 1
-            # GQA's run-time K/V rotation (not MLA's rope-key rotation, which stays torch);
+            # The run-time K/V rotations: GQA's, MLA's latent and rope key;
             # deterministic mode's butterflies do not use the ops.
-            rotation = getattr(module, "kv_rotation", None)
-            if isinstance(rotation, HadamardRotation) and not rotation.batch_invariant:
-                rotations[id(rotation)] = rotation
+            for attribute in ("kv_rotation", "latent_rotation", "rope_rotation"):
+                rotation = getattr(module, attribute, None)
+                if isinstance(rotation, HadamardRotation) and not rotation.batch_invariant:
+                    rotations[id(rotation)] = rotation
         for rotation in rotations.values():
             rotation.ops = ops
             counts["rotation"] += 1
