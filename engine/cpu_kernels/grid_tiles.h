@@ -40,37 +40,71 @@ static inline void quantize_row(const void *x, int bf16, int64_t K, int8_t *xq, 
         quantize_group((const char *)x + g * GROUP * elem, bf16, xq + g * GROUP, dx + g, cx + g);
 }
 
+/* One group's codes of a tile as 8 vectors of unsigned bytes (vector j, lane n: the
+   codes of k = 4j..4j+3 of row n). */
+static inline void group_vectors(const uint8_t *src, int bits, __m512i w[8]) {
+    if (bits == 4) {
+        const __m512i low = _mm512_set1_epi8(0x0F);
+        for (int j = 0; j < 4; j++) {
+            __m512i v = _mm512_loadu_si512(src + 64 * j);
+            w[2 * j] = _mm512_and_si512(v, low);
+            w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+    } else {
+        for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(src + 64 * j);
+    }
+}
+
+/* sum over k of one group of the tile's codes times one row's int8 activations. */
+static inline __m512 group_dot(const __m512i w[8], const int32_t *xr) {
+    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(xr[j]));
+        s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32(xr[j + 1]));
+    }
+    return _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+}
+
+/* acc[16] = one row of x times one tile: a decode step's case. The same operations in
+   the same order as tile_rows (so a row's result does not depend on how many rows run),
+   with the accumulator kept in a register instead of going through memory every group. */
+static inline void tile_one_row(const uint8_t *tile, const uint16_t *scales, int bits,
+                                int64_t groups, const int8_t *xq, const float *dx, const float *cx,
+                                float *acc) {
+    const int64_t group_bytes = bits == 4 ? 256 : 512;
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        __m512i w[8];
+        group_vectors(tile + g * group_bytes, bits, w);
+        const __m256i *halves = (const __m256i *)(scales + g * 2 * TILE);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(halves));
+        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(halves + 1));
+        const __m512 prod = group_dot(w, (const int32_t *)(xq + g * GROUP));
+        a = _mm512_fmadd_ps(prod, _mm512_mul_ps(d, _mm512_set1_ps(dx[g])), a);
+        a = _mm512_fmadd_ps(m, _mm512_set1_ps(cx[g]), a);
+    }
+    _mm512_storeu_ps(acc, a);
+}
+
 /* acc[r][16] = rows r0..r0+rows of x times one tile of 16 weight rows. */
 static inline void tile_rows(const uint8_t *tile, const uint16_t *scales, int bits, int64_t groups,
                              const int8_t *xq, const float *dx, const float *cx, int64_t K,
                              int64_t rows, float *acc) {
+    if (rows == 1) {
+        tile_one_row(tile, scales, bits, groups, xq, dx, cx, acc);
+        return;
+    }
     const int64_t group_bytes = bits == 4 ? 256 : 512;
-    const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(acc + r * TILE, _mm512_setzero_ps());
     for (int64_t g = 0; g < groups; g++) {
-        const uint8_t *src = tile + g * group_bytes;
         __m512i w[8];
-        if (bits == 4) {
-            for (int j = 0; j < 4; j++) {
-                __m512i v = _mm512_loadu_si512(src + 64 * j);
-                w[2 * j] = _mm512_and_si512(v, low);
-                w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-            }
-        } else {
-            for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(src + 64 * j);
-        }
+        group_vectors(tile + g * group_bytes, bits, w);
         const __m256i *halves = (const __m256i *)(scales + g * 2 * TILE);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(halves));
         const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(halves + 1));
         for (int64_t r = 0; r < rows; r++) {
-            const int32_t *xr = (const int32_t *)(xq + r * K + g * GROUP);
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j += 2) {
-                s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(xr[j]));
-                s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32(xr[j + 1]));
-            }
+            const __m512 prod = group_dot(w, (const int32_t *)(xq + r * K + g * GROUP));
             __m512 a = _mm512_loadu_ps(acc + r * TILE);
-            __m512 prod = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
             a = _mm512_fmadd_ps(prod, _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g])), a);
             a = _mm512_fmadd_ps(m, _mm512_set1_ps(cx[r * groups + g]), a);
             _mm512_storeu_ps(acc + r * TILE, a);
