@@ -13,13 +13,34 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# llama.cpp's own GGUF converter, vendored in the llama-cpp-python sdist: the tests
+# convert tiny checkpoints with it to check the engine's GGUF reader. Fetched once, by
+# `make test` (running Resident does not need it);
+# only the converter's Python sources are kept (tests find them here, or at
+# $$RESIDENT_LLAMA_CPP).
+LLAMA_CPP_PYTHON := 0.3.36
+PEERS := $(VENV)/peers
+LLAMA_CPP := $(PEERS)/llama.cpp-$(LLAMA_CPP_PYTHON)
+LLAMA_CPP_SDIST := llama_cpp_python-$(LLAMA_CPP_PYTHON)
+
+$(LLAMA_CPP)/convert_hf_to_gguf.py: | $(STAMP)
+	rm -rf $(PEERS)/download $(LLAMA_CPP).partial
+	$(BIN)/pip download -q --disable-pip-version-check --no-binary :all: --no-deps \
+		-d $(PEERS)/download llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	mkdir -p $(LLAMA_CPP).partial
+	tar -xzf $(PEERS)/download/$(LLAMA_CPP_SDIST).tar.gz -C $(LLAMA_CPP).partial \
+		--strip-components=3 $(addprefix $(LLAMA_CPP_SDIST)/vendor/llama.cpp/, \
+		convert_hf_to_gguf.py conversion gguf-py/gguf gguf-py/pyproject.toml gguf-py/LICENSE LICENSE)
+	rm -rf $(PEERS)/download $(LLAMA_CPP)
+	mv $(LLAMA_CPP).partial $(LLAMA_CPP)
+
 setup: $(STAMP)
 	$(BIN)/resident models pull
 
 run: setup
 	$(BIN)/resident
 
-test: setup
+test: setup $(LLAMA_CPP)/convert_hf_to_gguf.py
 	# One torch thread per test process: small ops stall badly when OpenMP
 	# threads wait on a core something else holds, and the suite gains nothing.
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q

@@ -97,11 +97,14 @@ def build_model_stack(config: EngineConfig, model_dir: Path, device: torch.devic
             "tensor parallel: CPU packed grid weights and the fused decode step are off "
             "(the fused step would skip the collectives); the C layer ops stay on"
         )
+    wanted_kernel = _resolve_cpu_kernel(config.cpu_kernel) if cpu_bf16 else "none"
     model, model_config, ckpt_scales = load_model(
         model_dir,
         torch.float32 if packs else dtype,
         device,
         keep_packed=config.quantized_weights == "packed",
+        # A GGUF file's Q4_0/Q4_1/Q8_0 blocks go straight to the int8 grid kernel.
+        grid_blocks=packs and wanted_kernel == "int8",
     )
     kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, dtype)
     max_model_len = config.max_model_len or model_config.max_position_embeddings
@@ -138,11 +141,10 @@ def build_model_stack(config: EngineConfig, model_dir: Path, device: torch.devic
         log.info("KV rotation: hadamard (%s)", kv_rotation_detail)
     cpu_kernel = "none"
     if cpu_bf16:
-        wanted = _resolve_cpu_kernel(config.cpu_kernel)
         if packs:
-            cpu_kernel = _pack_and_cast(model, dtype, wanted)
-        if _choose_int4_activations(model, wanted):
-            cpu_kernel = wanted
+            cpu_kernel = _pack_and_cast(model, dtype, wanted_kernel)
+        if _choose_int4_activations(model, wanted_kernel):
+            cpu_kernel = wanted_kernel
     if cpu_bf16:
         _use_cpu_layer_kernels(model, fuse_decode=ranks == 1)
     if device.type == "cuda" and not config.deterministic:

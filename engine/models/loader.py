@@ -24,6 +24,7 @@ from engine.layers.moe import SparseMoE
 from engine.layers.packed_methods import is_packed_method
 from engine.layers.packed_plan import plan_packed_layers
 from engine.model_files.model_config import ModelConfig, load_config
+from engine.model_files.store import GGUF_WEIGHTS
 from engine.models import model_class
 from engine.weights.formats import weight_decoder
 from engine.weights.lazy import LazyTensor, materialize
@@ -34,6 +35,19 @@ log = logging.getLogger(__name__)
 
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
+
+
+def gguf_weights_file(model_dir: Path) -> Path | None:
+    """The GGUF file a model folder takes its weights from, or None (safetensors)."""
+    link = Path(model_dir) / GGUF_WEIGHTS
+    if not link.is_symlink() and not link.exists():
+        return None
+    if not link.is_file():
+        raise CheckpointError(
+            f"{model_dir}: its weights are {link.resolve()}, which is gone; "
+            "pass the .gguf file's new path to --model"
+        )
+    return link
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -126,25 +140,26 @@ def _use_fused_moe(model: torch.nn.Module) -> None:
 
 
 def load_model(
-    model_dir: Path, dtype: torch.dtype, device: torch.device, keep_packed: bool = True
+    model_dir: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    keep_packed: bool = True,
+    grid_blocks: bool = False,
 ) -> tuple[torch.nn.Module, ModelConfig, tuple[torch.Tensor, torch.Tensor] | None]:
     """Build the engine's model for a folder and fill its weights.
 
     `keep_packed`: layers whose checkpoint weights are FP8 block-scaled or INT4
-    keep that form (engine/layers/packed_plan.py); False dequantizes them all."""
+    keep that form (engine/layers/packed_plan.py); False dequantizes them all.
+    `grid_blocks`: a GGUF file's Q4_0/Q4_1/Q8_0 layers keep their blocks for the
+    CPU grid kernel (the caller decides that kernel runs: one rank, CPU, VNNI)."""
     model_dir = Path(model_dir)
     cfg = load_config(model_dir)
     cls = model_class(cfg.architecture)
+    gguf_file = gguf_weights_file(model_dir)
+    if gguf_file is not None:
+        return _load_gguf_model(cls, cfg, gguf_file, dtype, device, grid_blocks)
     files = checkpoint_files(model_dir)
-    try:
-        with parameters_on_meta():
-            model = cls(cfg)
-    except ValueError as err:  # a dimension that does not split over the ranks
-        raise EngineError(
-            f"{cfg.architecture} cannot be split over {parallel.tp_size()} tensor-parallel "
-            f"ranks: {err}; choose a --tp that divides it"
-        ) from None
-    cast_parameters(model, dtype)
+    model = _model_on_meta(cls, cfg, dtype)
     names = CheckpointNames(cfg)
 
     def wanted(name: str) -> str | None:
@@ -175,3 +190,32 @@ def load_model(
     scales = kv_scales_from_checkpoint(scale_tensors, cfg.num_layers)
     log.info("loaded %s (%s) from %d file(s)", cfg.architecture, model_dir, len(files))
     return model, cfg, scales
+
+
+def _model_on_meta(cls, cfg: ModelConfig, dtype: torch.dtype) -> torch.nn.Module:
+    try:
+        with parameters_on_meta():
+            model = cls(cfg)
+    except ValueError as err:  # a dimension that does not split over the ranks
+        raise EngineError(
+            f"{cfg.architecture} cannot be split over {parallel.tp_size()} tensor-parallel "
+            f"ranks: {err}; choose a --tp that divides it"
+        ) from None
+    cast_parameters(model, dtype)
+    return model
+
+
+def _load_gguf_model(cls, cfg: ModelConfig, path: Path, dtype, device, grid_blocks: bool):
+    """The model with its weights read from the GGUF file (engine/models/gguf_loader.py)."""
+    from engine.models.gguf_loader import GGUFWeights, attach_biases, install_grid_layers
+
+    model = _model_on_meta(cls, cfg, dtype)
+    weights = GGUFWeights(path)
+    filled = install_grid_layers(model, weights) if grid_blocks else set()
+    materialize_parameters(model, device)
+    model.load_weights(weights.dense(), filled=filled)
+    attach_biases(model)
+    model.to(device=device)
+    model.eval()
+    log.info("loaded %s (%s) from %s", cfg.architecture, path.resolve(), path.name)
+    return model, cfg, None

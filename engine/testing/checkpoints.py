@@ -145,17 +145,22 @@ def tiny_llama(directory: Path, seed: int = 0, **overrides) -> Path:
     return save_model(model, directory)
 
 
-def tiny_qwen2(directory: Path, seed: int = 0, **overrides) -> Path:
+def tiny_qwen2(
+    directory: Path, seed: int = 0, *, tokenizer: SaveTokenizer = save_bpe_tokenizer, **overrides
+) -> Path:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     params = {**DENSE_SIZES, "tie_word_embeddings": False, **overrides}
     model = Qwen2ForCausalLM(Qwen2Config(**params)).eval()
     _bias_qkv(model)
-    return save_model(model, directory)
+    return save_model(model, directory, tokenizer=tokenizer)
 
 
-def tiny_glm4(directory: Path, seed: int = 0, **overrides) -> Path:
+def tiny_glm4(
+    directory: Path, seed: int = 0, *, tokenizer: SaveTokenizer = save_bpe_tokenizer, **overrides
+) -> Path:
+    """GLM-4 dense; `tokenizer=save_glm_tokenizer` (with vocab_size=GLM_VOCAB_SIZE) gives GLM's own."""
     from transformers import Glm4Config, Glm4ForCausalLM
 
     torch.manual_seed(seed)
@@ -166,7 +171,7 @@ def tiny_glm4(directory: Path, seed: int = 0, **overrides) -> Path:
         for layer in model.model.layers:
             for norm in (layer.post_self_attn_layernorm, layer.post_mlp_layernorm):
                 norm.weight.normal_(1.0, 0.2)
-    return save_model(model, directory)
+    return save_model(model, directory, tokenizer=tokenizer)
 
 
 def _randomize(model) -> None:

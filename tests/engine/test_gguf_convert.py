@@ -236,7 +236,7 @@ def test_missing_file_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        ({"architecture": "qwen2"}, "architecture 'qwen2' is not supported"),
+        ({"architecture": "phi3"}, "architecture 'phi3' is not supported"),
         ({"tokenizer_model": "llama"}, "tokenizer 'llama' is not supported"),
         ({"pre": "made-up"}, "pre-tokenizer 'made-up' is not supported"),
     ],

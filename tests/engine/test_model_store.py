@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -148,12 +149,19 @@ def test_gguf_file_is_converted_once_and_reused(cache, tiny_gguf, monkeypatch):
 
     monkeypatch.setattr(gguf_convert, "convert_gguf", counting_convert)
     folder = resolve_model(str(tiny_gguf))
-    sha = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
-    assert folder == cache / f"gguf-{sha[:12]}"
+    assert folder.parent == cache and folder.name.startswith("gguf-")
     assert (folder / "config.json").is_file()
+    # The folder links the file, whose weights the engine reads as they are.
+    assert (folder / "model.gguf").resolve() == tiny_gguf.resolve()
+    assert not list(folder.glob("*.safetensors"))
     assert resolve_model(str(tiny_gguf)) == folder
     assert resolve_model(folder.name) == folder  # the name `resident models list` shows
     assert len(conversions) == 1
+    # A file that changed (another time stamp) gets a folder of its own.
+    stat = tiny_gguf.stat()
+    os.utime(tiny_gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert resolve_model(str(tiny_gguf)) != folder
+    assert len(conversions) == 2
 
 
 def test_corrupt_gguf_leaves_no_folder(cache, tmp_path):

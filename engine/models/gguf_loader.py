@@ -1,0 +1,164 @@
+"""A model's weights read straight from its GGUF file, quant blocks kept packed.
+
+The file is memory-mapped (gguf's reader) and its tensor plan
+(engine/model_files/gguf_plan.py) says which rows of which GGUF tensors make
+each Hugging Face tensor. Two kinds of layer:
+
+- A linear layer whose every piece is rows of Q4_0, Q4_1 or Q8_0 tensors
+  (with the CPU grid kernel in use) is given its grid method before any
+  memory is allocated for it: the blocks' codes and half scales go straight
+  into the kernel's layout (engine/weights/gguf_blocks.py), exact, and no
+  dense copy of the weight ever exists.
+- Everything else (norms, embeddings, routers, K-quant or float tensors, a
+  tensor that needs a transform such as DeepSeek's transposed `attn_k_b`) is
+  dequantized one tensor at a time and loaded like a safetensors tensor,
+  split over the ranks as usual.
+
+So start-up reads the file once and holds about its bytes, where converting
+to a float32 folder first wrote four bytes a weight to disk and read them back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+from torch import nn
+
+from engine.layers.cpu_grid_weights import MAX_PACKED_ROWS, GridMethod, GridWeight
+from engine.layers.linear import FusedLinear
+from engine.layers.linear_methods import DENSE, MethodLinear
+from engine.model_files.gguf_convert import dequantized_rows, read_gguf
+from engine.model_files.gguf_plan import TensorPlan, materialize, row_view_shape
+from engine.weights.gguf_blocks import (
+    BLOCK_TYPES,
+    GridRows,
+    decode_blocks,
+    join_rows,
+    offsets_exact,
+    pack_grid_rows,
+)
+
+log = logging.getLogger(__name__)
+
+
+class GGUFWeights:
+    """One GGUF file's tensors, read through its plan."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        reader, _, model = read_gguf(self.path)
+        self.tensors = {tensor.name: tensor for tensor in reader.tensors}
+        self.plans = model.plans
+        self.packed: set[str] = set()  # Hugging Face names whose blocks a layer holds
+
+    def _type_name(self, source: str) -> str:
+        return GGMLQuantizationType(self.tensors[source].tensor_type).name
+
+    def grid_rows(self, plan: TensorPlan) -> GridRows | None:
+        """The plan's rows as grid codes, or None unless every piece is rows of blocks
+        the grid kernel multiplies as they are."""
+        if not plan.rows_only or not all(self._type_name(s) in BLOCK_TYPES for s in plan.sources):
+            return None
+        parts = []
+        for piece in plan.pieces:
+            tensor = self.tensors[piece.source]
+            total, columns = row_view_shape(tuple(reversed(tensor.shape.tolist())))
+            rows = tensor.data.reshape(total, -1)[_selection(piece.rows)]
+            parts.append(decode_blocks(rows, self._type_name(piece.source), columns))
+        return join_rows(parts)
+
+    def dense(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor no layer holds packed, dequantized to float32, one at a time."""
+        for plan in self.plans:
+            if plan.name in self.packed:
+                continue
+            values = materialize(plan, self._rows)
+            if not values.flags.writeable:  # a float32 tensor still in the mapped file
+                values = values.copy()
+            yield plan.name, torch.from_numpy(values)
+
+    def _rows(self, source: str, selection) -> np.ndarray:
+        return dequantized_rows(self.tensors[source], selection)
+
+
+def _selection(rows) -> slice | np.ndarray:
+    if isinstance(rows, range) and rows.step == 1:
+        return slice(rows.start, rows.stop)
+    return np.asarray(rows, dtype=np.int64)
+
+
+def install_grid_layers(model: nn.Module, weights: GGUFWeights) -> set[str]:
+    """Give every dense linear layer whose checkpoint tensors are all grid blocks its grid
+    method, built from the blocks; returns the parameters it filled (the loader's names,
+    `name:shard` for a fused layer's pieces). Call before the parameters are allocated."""
+    by_layer: dict[str, dict] = defaultdict(dict)
+    for plan in weights.plans:
+        if not plan.name.endswith(".weight") or model.skip_checkpoint_tensor(plan.name):
+            continue
+        target, shard = model.checkpoint_target(plan.name)
+        by_layer[target[: -len(".weight")]][shard] = plan
+    filled: set[str] = set()
+    counts = {"4-bit": 0, "8-bit": 0}
+    for layer_name, shards in by_layer.items():
+        try:
+            layer = model.get_submodule(layer_name)
+        except AttributeError:
+            continue
+        order = _shard_order(layer, shards)
+        if order is None:
+            continue
+        parts = [weights.grid_rows(shards[shard]) for shard in order]
+        if any(part is None for part in parts):
+            continue
+        rows = join_rows(parts)
+        if rows.rows != layer.out_features or rows.codes.shape[1] * 32 != layer.in_features:
+            continue
+        if not offsets_exact(rows):
+            continue
+        codes, scales = pack_grid_rows(rows)
+        packed = GridWeight(codes, scales, rows.bits, rows.rows, f"{rows.bits}-bit")
+        layer.method = GridMethod(packed, MAX_PACKED_ROWS)
+        # No dense copy: an empty weight stays in its place, as grid packing leaves it.
+        layer.weight = nn.Parameter(
+            torch.empty((0, layer.in_features), dtype=layer.weight.dtype), requires_grad=False
+        )
+        weights.packed.update(shards[shard].name for shard in order)
+        target = f"{layer_name}.weight"
+        filled.update(target if shard is None else f"{target}:{shard}" for shard in order)
+        counts[packed.grid] += 1
+    log.info(
+        "GGUF blocks kept packed: %d layers on a 4-bit grid, %d on an 8-bit grid",
+        counts["4-bit"],
+        counts["8-bit"],
+    )
+    return filled
+
+
+def _shard_order(layer: nn.Module, shards: dict) -> list | None:
+    """The layer's pieces in row order, or None when it cannot take grid blocks."""
+    if not isinstance(layer, MethodLinear) or layer.method is not DENSE:
+        return None
+    if getattr(layer, "keeps_dense", False):
+        return None  # something else reads its matrix (MLA's kv_b_proj)
+    if isinstance(layer, FusedLinear) and None not in shards:
+        offsets = layer.shard_offsets
+        if set(shards) != set(offsets):
+            return None
+        return sorted(offsets, key=lambda shard: offsets[shard][0])
+    return [None] if set(shards) == {None} else None
+
+
+def attach_biases(model: nn.Module) -> None:
+    """The grid kernel adds a layer's bias itself: hand it the loaded bias (float32)."""
+    for module in model.modules():
+        method = getattr(module, "method", None)
+        if isinstance(method, GridMethod) and getattr(module, "bias", None) is not None:
+            packed = method.packed
+            if isinstance(packed, GridWeight) and packed.bias is None:
+                packed.bias = module.bias.detach().float().clone()
