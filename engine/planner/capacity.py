@@ -84,12 +84,20 @@ def preset_names() -> list[str]:
 
 
 def resolve_model(spec: str) -> ResolvedModel:
-    """A preset name, a config.json path, a model folder, or a model name from `resident models`."""
+    """A preset name, a config.json path, a model folder, a .gguf file, or a model name
+    from `resident models`."""
     if spec in PRESETS:
         preset = PRESETS[spec]
         return ResolvedModel(spec, parse_config(preset.config), "preset", preset=preset)
     path = Path(spec).expanduser()
-    if path.is_file():
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        # Its folder (config, tokenizer, the file linked) is made once without reading
+        # the weights: engine/model_files/store.py.
+        try:
+            path = store_resolve(str(path))
+        except ModelError as err:
+            raise PlanError(str(err)) from None
+    elif path.is_file():
         try:
             raw = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:

@@ -353,3 +353,19 @@ def test_cli_table_and_errors():
     assert "unknown model" in result.output and "Traceback" not in result.output
     assert runner.invoke(app, ["plan"]).exit_code == 2
     assert runner.invoke(app, ["plan", "-m", "glm-4.6", "--weights", "int3"]).exit_code == 2
+
+
+def test_a_gguf_file_plans_as_the_folder_it_converts_to(tmp_path, monkeypatch):
+    """The file's folder holds its config and links the weights; planning never reads
+    the file whole (nor as a config.json)."""
+    from engine.model_files.gguf_convert import convert_gguf
+    from tests.engine.gguf_fixtures import tiny_llama, tiny_tokenizer, write_tiny_gguf
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    tokenizer = tiny_tokenizer()
+    gguf = tmp_path / "tiny.gguf"
+    write_tiny_gguf(gguf, tiny_llama(tokenizer.get_vocab_size(), True), tokenizer)
+    from_file = plan(str(gguf))
+    from_folder = plan(str(convert_gguf(gguf, tmp_path / "folder")))
+    assert from_file["kv_bytes_per_token"] == from_folder["kv_bytes_per_token"]
+    assert from_file["capacity_tokens"] == from_folder["capacity_tokens"]
