@@ -26,6 +26,7 @@ KVDTypeName = Literal[("auto", *KV_DTYPES)]  # auto: engine.kv.dtypes.AUTO_KV_DT
 AttentionBackendName = Literal[BACKEND_NAMES]
 KVRotationName = Literal["auto", "none", "hadamard"]
 CPUKernelName = Literal["auto", "int8", "bf16"]
+CPUWeightsName = Literal["checkpoint", "q8_0", "q4_0"]
 SpeculativeName = Literal["none", "prompt_lookup"]
 # Default KV budget on CPU when none is given; GPUs size from free memory.
 DEFAULT_CPU_KV_GIB = 1.0
@@ -144,6 +145,14 @@ class EngineConfig(BaseModel):
         description="CPU products with 4-/8-bit grid weights: int8 activations (AVX-512 "
         "VNNI kernel, fastest), bf16 (torch's int4 kernel), or auto (int8 where it runs).",
     )
+    # Dense CPU weights quantized at load (engine/layers/cpu_weight_quantization.py).
+    cpu_weights: CPUWeightsName = Field(
+        default="checkpoint",
+        description="CPU linear weights that arrive dense (a BF16/FP16/F32 checkpoint, a GGUF's "
+        "F16 or K-quant tensors): keep the checkpoint's values (checkpoint), or round them at "
+        "load onto llama.cpp's q8_0 or q4_0 grid for the int8 grid kernel (less memory "
+        "traffic, faster decode; the quality cost is in docs/BENCHMARKS.md).",
+    )
     # Speculative decoding (engine/speculative): SamplingParams.speculative overrides
     # the default per request.
     speculative: SpeculativeName = Field(
@@ -245,7 +254,14 @@ class EngineConfig(BaseModel):
 
 # The settings that decide speed and numerics; `resident serve` (ServeOptions)
 # and `LLM(...)` both start from EngineConfig's defaults for them.
-PERFORMANCE_SETTINGS = ("dtype", "kv_cache_dtype", "kv_rotation", "attention_backend", "cpu_kernel")
+PERFORMANCE_SETTINGS = (
+    "dtype",
+    "kv_cache_dtype",
+    "kv_rotation",
+    "attention_backend",
+    "cpu_kernel",
+    "cpu_weights",
+)
 
 
 def default_setting(name: str) -> Any:

@@ -34,6 +34,7 @@ from engine.kv.sizing import KVLayout, capacity_tokens, kv_bytes_per_token
 from engine.layers.batch_invariant import make_linear_layers_batch_invariant
 from engine.layers.cpu_grid_weights import pack_grid_weights
 from engine.layers.cpu_moe_experts import use_cpu_moe_experts
+from engine.layers.cpu_weight_quantization import quantize_dense_layers
 from engine.layers.layer_ops import CPU_LAYER_OPS
 from engine.layers.packed_methods import Int4GroupMethod
 from engine.model_files.model_config import load_config
@@ -141,6 +142,14 @@ def build_model_stack(config: EngineConfig, model_dir: Path, device: torch.devic
         log.info("KV rotation: hadamard (%s)", kv_rotation_detail)
     cpu_kernel = "none"
     if cpu_bf16:
+        if not packs and config.cpu_weights != "checkpoint":
+            log.warning(
+                "--cpu-weights %s: not with tensor parallel; weights stay as loaded",
+                config.cpu_weights,
+            )
+        if packs and config.cpu_weights != "checkpoint":
+            quantized = quantize_dense_layers(model, config.cpu_weights)
+            log.info("CPU weights: %d dense layers rounded onto %s", quantized, config.cpu_weights)
         if packs:
             cpu_kernel = _pack_and_cast(model, dtype, wanted_kernel)
         if _choose_int4_activations(model, wanted_kernel):

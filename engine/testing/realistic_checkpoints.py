@@ -26,8 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine.testing.tokenizers import save_bpe_tokenizer
-
-GROUP = 32
+from engine.weights.grid_rounding import GROUP, q4_1_values, q8_0_values
 
 _MOE = dict(
     hidden_size=1280,
@@ -97,27 +96,6 @@ SHAPES = {
 }
 
 
-def q4_1_values(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` [N, K] rounded onto the Q4_1 grid, as llama.cpp quantizes and dequantizes it."""
-    groups = weight.float().reshape(weight.shape[0], -1, GROUP)
-    lo = groups.amin(-1, keepdim=True)
-    hi = groups.amax(-1, keepdim=True)
-    d = ((hi - lo) / 15).half().float()
-    m = lo.half().float()
-    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
-    q = ((groups - m) * inv).round_().clamp_(0, 15)
-    return (q * d + m).reshape(weight.shape)
-
-
-def q8_0_values(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` [N, K] rounded onto the Q8_0 grid (d = amax / 127 in half)."""
-    groups = weight.float().reshape(weight.shape[0], -1, GROUP)
-    d = (groups.abs().amax(-1, keepdim=True) / 127).half().float()
-    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
-    q = (groups * inv).round_().clamp_(-127, 127)
-    return (q * d).reshape(weight.shape)
-
-
 def realistic_config(family: str, layers: int | None = None) -> dict:
     import transformers
 
@@ -173,9 +151,16 @@ def _values(name: str, shape: tuple[int, ...], generator: torch.Generator) -> to
 
 
 def write_realistic_checkpoint(
-    directory: Path, family: str, layers: int | None = None, shard_mb: int = 1024, seed: int = 0
+    directory: Path,
+    family: str,
+    layers: int | None = None,
+    shard_mb: int = 1024,
+    seed: int = 0,
+    tokenizer=save_bpe_tokenizer,
 ) -> Path:
-    """Write `family`'s realistic shape (SHAPES) into `directory`; returns the folder."""
+    """Write `family`'s realistic shape (SHAPES) into `directory`; returns the folder.
+    `tokenizer(directory, vocab_size)` saves the tokenizer (e.g. save_glm_tokenizer, which
+    llama.cpp's GLM converter needs)."""
     directory.mkdir(parents=True, exist_ok=True)
     cfg = realistic_config(family, layers)
     generator = torch.Generator().manual_seed(seed)
@@ -203,7 +188,7 @@ def write_realistic_checkpoint(
     (directory / "config.json").write_text(json.dumps(cfg, indent=2))
     index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index_doc, indent=2))
-    save_bpe_tokenizer(directory, cfg["vocab_size"])
+    tokenizer(directory, cfg["vocab_size"])
     return directory
 
 
@@ -222,3 +207,8 @@ def put_on_grid(directory: Path) -> Path:
             tensors[name] = (q8_0_values if grid else q4_1_values)(tensor).to(tensor.dtype)
         save_file(tensors, str(shard), metadata={"format": "pt"})
     return Path(directory)
+
+
+def parameter_shapes(family: str, layers: int | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor `write_realistic_checkpoint` writes for `family`: name -> shape."""
+    return _tensor_shapes(family, realistic_config(family, layers))
