@@ -149,3 +149,63 @@ def bench_prefix(
         f"TTFT warm {ttft['warm']:.3f}s, cold {ttft['cold']:.3f}s, "
         f"ratio {result['warm_over_cold']:.3f} (target <= {result['target_warm_over_cold']})"
     )
+
+
+def _names(value: str, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    chosen = tuple(part.strip() for part in value.split(",") if part.strip())
+    unknown = sorted(set(chosen) - set(allowed))
+    if unknown or not chosen:
+        fail(
+            f"{flag}: unknown {', '.join(unknown) or 'nothing'}; choose from {', '.join(allowed)}",
+            2,
+        )
+    return chosen
+
+
+@bench_app.command("families")
+def bench_families(
+    families: str = typer.Option(
+        "llama,glm4_moe,kimi_k2", help="Families to measure (their realistic 1-2B shapes)."
+    ),
+    layers: int = typer.Option(None, min=1, help="Cut each model to N layers (quick runs)."),
+    rounds: int = typer.Option(3, min=1, help="Interleaved rounds; the best of each counts."),
+    llama_cpp: str = typer.Option(
+        None,
+        "--llama-cpp",
+        help="llama.cpp's source folder (binaries in build/bin); default: $RESIDENT_LLAMA_CPP. "
+        "Without it Resident is measured alone.",
+    ),
+    workdir: str = typer.Option(
+        None, help="Where checkpoints and GGUF files are kept; default: the user cache."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    figures: str = typer.Option(
+        "one_stream,batch16,prefill,long_context,load", help="Which figures to measure."
+    ),
+    resident_source: str = typer.Option(
+        "folder", help="What Resident loads: the checkpoint folder or llama.cpp's GGUF file."
+    ),
+    threads: int = typer.Option(2, min=1, help="Threads of each engine."),
+) -> None:
+    """Resident against llama.cpp on random-weight Llama, GLM-MoE and Kimi models of 1-2B."""
+    from pathlib import Path
+
+    from engine.benchmarks.families import RESIDENT_SOURCES, format_table, run_families
+    from engine.benchmarks.family_files import FAMILIES
+    from engine.benchmarks.family_runs import FIGURES
+
+    chosen_families = _names(families, "--families", FAMILIES)
+    chosen_figures = _names(figures, "--figures", FIGURES)
+    _names(resident_source, "--resident-source", RESIDENT_SOURCES)
+    with _usage_errors():
+        result = run_families(
+            chosen_families,
+            layers=layers,
+            rounds=rounds,
+            llama_cpp_dir=llama_cpp,
+            workdir=Path(workdir) if workdir else None,
+            figures=chosen_figures,
+            resident_source=resident_source,
+            threads=threads,
+        )
+    typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))

@@ -1,0 +1,239 @@
+"""`resident bench families`: the bytes a decode step reads, the table, the answer without
+llama.cpp, and one short run of the command (Resident alone: nothing here needs llama.cpp)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from typer.testing import CliRunner
+
+from agent.cli import app
+from engine.benchmarks import family_files
+from engine.benchmarks.decode_bytes import (
+    Held,
+    decode_bytes,
+    engine_held,
+    gguf_decode_bytes,
+    last_level_cache_bytes,
+)
+from engine.benchmarks.families import _best, _measure, format_table
+from engine.benchmarks.families_resident import ResidentSide
+from engine.benchmarks.family_files import locate_llama_cpp, prepare_family
+from engine.layers.linear_methods import DenseMethod, MethodLinear
+
+
+class _PackedBeside(DenseMethod):
+    """A method that keeps a packed form of `nbytes` beside the layer's dense weight."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+    def bytes_beside(self, layer) -> int:
+        return self.nbytes
+
+
+def _linear(rows: int, cols: int, packed: int | None = None) -> MethodLinear:
+    layer = MethodLinear(cols, rows, bias=False)
+    if packed is not None:
+        layer.method = _PackedBeside(packed)
+    return layer
+
+
+def test_engine_decode_bytes_match_a_hand_count():
+    """Hidden 32, vocabulary 100, 4 routed experts of which 2 per token, float32 dense."""
+    model = nn.Module()
+    model.embed_tokens = nn.Embedding(100, 32)
+    layer = nn.Module()
+    layer.norm = nn.Module()
+    layer.norm.weight = nn.Parameter(torch.ones(32))
+    layer.o_proj = _linear(32, 32)
+    layer.mlp = nn.Module()
+    layer.mlp.gate = nn.Module()
+    layer.mlp.gate.weight = nn.Parameter(torch.zeros(4, 32))
+    layer.mlp.experts = nn.ModuleList(_linear(64, 32, packed=1000) for _ in range(4))
+    layer.mlp.shared_experts = _linear(64, 32)
+    model.layers = nn.ModuleList([layer])
+    model.lm_head = _linear(100, 32, packed=2500)
+
+    hand = (
+        32 * 4  # one embedding row
+        + 32 * 4  # the norm
+        + 32 * 32 * 4  # o_proj, dense
+        + 4 * 32 * 4  # the router
+        + 4 * 1000 * 2 // 4  # two of four routed experts, packed (their dense copy unread)
+        + 64 * 32 * 4  # the shared expert
+        + 2500  # the head, packed
+    )
+    assert decode_bytes(engine_held(model), top_k=2, n_routed=4) == hand
+
+
+def test_gguf_names_count_the_same_way():
+    held = [
+        Held("token_embd.weight", 100 * 34, rows=100),
+        Held("blk.0.attn_q.weight", 640),
+        Held("blk.0.ffn_gate_inp.weight", 512),
+        Held("blk.0.ffn_gate_exps.weight", 8 * 500),
+        Held("blk.0.ffn_down_shexp.weight", 300),
+        Held("blk.0.exp_probs_b.bias", 32),
+        Held("output.weight", 3400),
+    ]
+    assert decode_bytes(held, top_k=2, n_routed=8) == 34 + 640 + 512 + 2 * 500 + 300 + 32 + 3400
+    # A dense model: no routed experts, everything but the embedding read whole.
+    assert decode_bytes(held[:3]) == 34 + 640 + 512
+
+
+def test_gguf_decode_bytes_reads_the_expert_counts(tmp_path):
+    from gguf import GGUFWriter
+
+    path = tmp_path / "tiny.gguf"
+    writer = GGUFWriter(str(path), "glm4moe")
+    writer.add_expert_count(4)
+    writer.add_expert_used_count(2)
+    writer.add_tensor("token_embd.weight", torch.zeros(10, 32).numpy())
+    writer.add_tensor("blk.0.ffn_up_exps.weight", torch.zeros(4, 16, 32).numpy())
+    writer.add_tensor("output.weight", torch.zeros(10, 32).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert gguf_decode_bytes(path) == 32 * 4 + 2 * 16 * 32 * 4 + 10 * 32 * 4
+
+
+def test_batch_decode_rate_is_the_difference_of_the_best_times():
+    samples = [{"first_s": 2.0, "whole_s": 10.0}, {"first_s": 1.5, "whole_s": 12.0}]
+    best = _best("batch16", samples)
+    assert (best["first_s"], best["whole_s"]) == (1.5, 10.0)
+    assert best["tok_s"] == pytest.approx(16 * 128 / 8.5)
+
+
+def test_llama_cpp_is_located_or_the_reason_said(tmp_path, monkeypatch):
+    monkeypatch.delenv("RESIDENT_LLAMA_CPP", raising=False)
+    found, why = locate_llama_cpp(None)
+    assert found is None and "--llama-cpp DIR" in why
+    assert "has no convert_hf_to_gguf.py" in locate_llama_cpp(str(tmp_path))[1]
+    (tmp_path / "convert_hf_to_gguf.py").write_text("")
+    monkeypatch.setenv("RESIDENT_LLAMA_CPP", str(tmp_path))
+    found, why = locate_llama_cpp(None)
+    assert found is None and "llama-quantize is not built" in why
+    (tmp_path / "build" / "bin").mkdir(parents=True)
+    (tmp_path / "build" / "bin" / "llama-quantize").write_text("")
+    found, why = locate_llama_cpp(None)
+    assert why is None and found.lacking(("llama-bench", "llama-server")) == [
+        "llama-bench",
+        "llama-server",
+    ]
+
+
+def _result(llama_cpp: dict, ratios: dict | None = None) -> dict:
+    family = {
+        "layers": 2,
+        "params": 238_646_080,
+        "active_params": 87_586_880,
+        "gguf": {"path": "m.gguf", "bytes": 186_012_352, "tensor_types": {"F32": 17, "Q4_1": 17}},
+        "resident": {
+            "one_stream": {"tok_s": 30.0},
+            "load": {"load_s": 5.0, "peak_rss_bytes": 2**30, "peak_rss_over_gguf": 5.77},
+            "decode_bytes": 75_500_000,
+            "copy_bandwidth_share": 0.25,
+        },
+        "llama_cpp": llama_cpp,
+    }
+    if ratios is not None:
+        family["resident_over_llama_cpp"] = ratios
+    machine = {"cpu_model": "Xeon", "cores": 2, "cpu_matrix_isa": "amx"}
+    return {
+        "rounds": 3,
+        "threads": 2,
+        "resident_source": "folder",
+        "machine": {**machine, "copy_bandwidth_bytes_s": 26e9},
+        "families": {"glm4_moe": family},
+    }
+
+
+def test_the_table_gives_both_engines_and_the_ratio():
+    theirs = {"measured": True, "one_stream": {"tok_s": 20.0}, "decode_bytes": 73_000_000}
+    table = format_table(_result(theirs, {"one_stream": 1.5}))
+    assert "glm4_moe: 2 layers, 0.24B params, 0.09B active per token" in table
+    assert "GGUF 177 MiB (F32 17, Q4_1 17)" in table
+    row = next(line for line in table.splitlines() if "1 stream decode tok/s" in line)
+    assert row.split()[-3:] == ["30.0", "20.0", "1.50"]
+    row = next(line for line in table.splitlines() if "decode MB read/token" in line)
+    assert row.split()[-3:] == ["75.5", "73.0", "-"]
+    assert "26.0 GB/s" in table and "not measured" not in table
+
+
+def test_the_table_says_why_llama_cpp_was_not_measured():
+    table = format_table(_result({"measured": False, "reason": "no llama.cpp given"}))
+    assert "llama.cpp not measured: no llama.cpp given" in table
+    row = next(line for line in table.splitlines() if "load to 1st token s" in line)
+    assert row.split()[-3:] == ["5.00", "-", "-"]
+
+
+def test_unknown_names_are_usage_errors():
+    result = CliRunner().invoke(app, ["bench", "families", "--families", "mistral"])
+    assert result.exit_code == 2, result.output
+    assert "unknown mistral" in result.output
+
+
+def test_a_short_run_measures_resident_alone_without_llama_cpp(tmp_path, monkeypatch):
+    monkeypatch.delenv("RESIDENT_LLAMA_CPP", raising=False)
+    args = ["bench", "families", "--families", "glm4_moe", "--layers", "1", "--rounds", "1"]
+    args += ["--figures", "one_stream", "--workdir", str(tmp_path), "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    measured = json.loads(result.output)
+    assert measured["machine"]["copy_bandwidth_bytes_s"] > 0
+    assert "cpu_matrix_isa" in measured["machine"]
+    family = measured["families"]["glm4_moe"]
+    assert family["llama_cpp"] == {"measured": False, "reason": family["why_no_gguf"]}
+    assert "--llama-cpp DIR" in family["why_no_gguf"]
+    resident = family["resident"]
+    assert resident["one_stream"]["tok_s"] > 0
+    assert resident["kv_cache_dtype"] == "fp8_e4m3"
+    # One layer of GLM-4.5's shape (hidden 1280, the dense MLP of 4096, vocabulary 32000):
+    # attention and MLP on 4 bits (0.625 bytes a weight), the head on 8 (1.125 bytes).
+    attention = 1280 * (2048 + 512 + 512) + 2048 * 1280
+    hand = (attention + 3 * 1280 * 4096) * 0.625 + 32000 * 1280 * 1.125
+    assert resident["decode_bytes"] == pytest.approx(hand, rel=0.01)
+
+    # A second run reuses the checkpoint its recipe matches.
+    def refuse(*args, **kwargs):
+        raise AssertionError("the checkpoint was written again")
+
+    monkeypatch.setattr(family_files, "write_realistic_checkpoint", refuse)
+    files = prepare_family("glm4_moe", 1, tmp_path, None, "no llama.cpp", threads=2)
+    assert str(files.folder) == family["checkpoint"]
+
+
+def test_a_failed_peer_figure_is_recorded_and_not_asked_again():
+    resident = ResidentSide("model", threads=2, top_k=0, n_routed=0)  # starts nothing yet
+    resident.measure = lambda figure, round_index: {"tok_s": 10.0 + round_index}
+    asked = []
+
+    class Peer:
+        name = "llama_cpp"
+
+        def measure(self, figure, round_index):
+            asked.append((figure, round_index))
+            if figure == "prefill":
+                raise RuntimeError("llama-bench -p 2048 -n 0 exited -11")
+            return {"tok_s": 5.0}
+
+    samples, errors = _measure([resident, Peer()], ("one_stream", "prefill"), rounds=2)
+    assert [s["tok_s"] for s in samples["resident"]["prefill"]] == [10.0, 11.0]
+    assert samples["llama_cpp"]["prefill"] == [] and len(samples["llama_cpp"]["one_stream"]) == 2
+    assert errors["llama_cpp"] == {"prefill": "llama-bench -p 2048 -n 0 exited -11"}
+    assert asked.count(("prefill", 1)) == 0
+
+
+def test_the_last_level_cache_is_read_from_sysfs(tmp_path):
+    for index, (level, size) in enumerate([(1, "48K"), (2, "2048K"), (3, "491520K")]):
+        folder = tmp_path / f"index{index}"
+        folder.mkdir()
+        (folder / "level").write_text(f"{level}\n")
+        (folder / "size").write_text(f"{size}\n")
+    assert last_level_cache_bytes(tmp_path) == 491520 * 1024
+    assert last_level_cache_bytes(tmp_path / "absent") is None
