@@ -5,9 +5,8 @@ quantized when it has a `weight_scale_inv` (FP8 block) or a `weight_packed`
 (INT4). A model layer keeps the packed form when every checkpoint tensor
 that fills it (all the shards of a fused q/k/v or gate/up) is quantized the
 same way, it is a linear layer whose weight nothing else reads (MLA's
-kv_b_proj and latent projections are marked `keeps_dense`: attention reads
-kv_b_proj's matrix, and the latent rotation folds into the others), and,
-for INT4, this rank's columns fall on whole groups. Everything else is
+kv_b_proj is marked `keeps_dense`: attention reads its matrix, and the
+latent rotation's inverse folds into it), and, for INT4, this rank's columns fall on whole groups. Everything else is
 dequantized at load, as before. The plan installs each chosen layer's
 method, which swaps its meta `weight` for the packed parameters, so the
 BF16 copy is never allocated.
