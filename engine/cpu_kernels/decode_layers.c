@@ -14,10 +14,10 @@
 
 typedef struct {
     const uint8_t *codes;
-    const uint16_t *scales; /* IEEE half */
-    const float *bias;      /* float32 or NULL */
+    const uint8_t *scales;
+    const float *bias; /* float32 or NULL */
     int64_t rows;
-    int64_t bits;
+    int64_t format; /* grid_formats.h */
 } GridWeightRef;
 
 typedef struct {
@@ -37,8 +37,8 @@ typedef struct {
 
 static int product(const GridWeightRef *w, const uint16_t *x, int64_t rows, int64_t k, uint16_t *out,
                    int threads) {
-    return grid_matmul(x, 1, rows, k, w->codes, w->scales, (int)w->bits, w->rows, w->bias, out, 1,
-                       threads);
+    return grid_matmul(x, 1, rows, k, w->codes, w->scales, (int)w->format, w->rows, w->bias, out,
+                       1, threads);
 }
 
 static void add_into(uint16_t *x, const uint16_t *y, int64_t n) {

@@ -1,23 +1,41 @@
-/* The int8-activation grid product's building blocks (layout: grid_matmul.c), shared by
-   the kernels that multiply grid weights: the plain product and the MoE layer's experts
-   (moe_experts.c), so both round and sum alike. */
+/* The int8-activation grid product's building blocks (weight layouts: grid_formats.h),
+   shared by the kernels that multiply grid weights: the plain product and its BF16
+   expansion (grid_matmul.c) and the MoE layer's experts (moe_experts.c), so all of them
+   read every format alike and round and sum alike. */
 #ifndef RESIDENT_GRID_TILES_H
 #define RESIDENT_GRID_TILES_H
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "grid_formats.h"
 #include "simd.h"
 
-#define GROUP 32
-#define TILE 16
 #define ROW_BLOCK 16
 /* Up to this many activation rows are quantized before the OpenMP team starts. */
 #define SERIAL_QUANTIZE_ROWS 4
 
-/* One group of 32 values (float32 or bfloat16 at src): xq int8, *dx = amax / 127,
-   *cx = dx * sum(xq). */
-static inline void quantize_group(const void *src, int bf16, int8_t *xq, float *dx, float *cx) {
+/* Rows of activations quantized to int8 per group of 32 (x ~ d * q): q [rows, K]; per
+   group d = amax / 127 and c = d * sum(q) [rows, K / 32]; and h [rows, K / 32, 2], the
+   integer sums of q over the group's two halves of 16, for formats whose scales change
+   every 16 values (Q6_K; llama.cpp's block_q8_K keeps them as bsums). */
+typedef struct {
+    int8_t *q;
+    float *d, *c;
+    int32_t *h;
+    int64_t K;
+} Int8Rows;
+
+/* The same rows from row r on. */
+static inline Int8Rows rows_from(Int8Rows x, int64_t r) {
+    const int64_t groups = x.K / GROUP;
+    return (Int8Rows){x.q + r * x.K, x.d + r * groups, x.c + r * groups, x.h + r * groups * 2,
+                      x.K};
+}
+
+/* One group of 32 values (float32 or bfloat16 at src) into row r, group g of x. */
+static inline void quantize_group(const void *src, int bf16, Int8Rows x, int64_t r, int64_t g) {
     const int elem = bf16 ? 2 : 4;
+    const int64_t i = r * (x.K / GROUP) + g;
     __m512 a = row16_load(src, bf16);
     __m512 b = row16_load((const char *)src + TILE * elem, bf16);
     __m512 amax = _mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b));
@@ -25,95 +43,117 @@ static inline void quantize_group(const void *src, int bf16, int8_t *xq, float *
     float inv = m > 0.0f ? 127.0f / m : 0.0f;
     __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
     __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
-    _mm_storeu_si128((__m128i *)xq, _mm512_cvtsepi32_epi8(qa));
-    _mm_storeu_si128((__m128i *)(xq + TILE), _mm512_cvtsepi32_epi8(qb));
-    int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
-    *dx = m / 127.0f;
-    *cx = *dx * (float)sum;
+    int8_t *q = x.q + r * x.K + g * GROUP;
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(qa));
+    _mm_storeu_si128((__m128i *)(q + TILE), _mm512_cvtsepi32_epi8(qb));
+    x.h[2 * i] = _mm512_reduce_add_epi32(qa);
+    x.h[2 * i + 1] = _mm512_reduce_add_epi32(qb);
+    x.d[i] = m / 127.0f;
+    x.c[i] = x.d[i] * (float)(x.h[2 * i] + x.h[2 * i + 1]);
 }
 
-/* One row: xq[k] int8, dx[g] and cx[g] per group. */
-static inline void quantize_row(const void *x, int bf16, int64_t K, int8_t *xq, float *dx,
-                                float *cx) {
+/* Row r of x from K float32 or bfloat16 values. */
+static inline void quantize_row(const void *src, int bf16, Int8Rows x, int64_t r) {
     const int elem = bf16 ? 2 : 4;
-    for (int64_t g = 0; g < K / GROUP; g++)
-        quantize_group((const char *)x + g * GROUP * elem, bf16, xq + g * GROUP, dx + g, cx + g);
-}
-
-/* One group's codes of a tile as 8 vectors of unsigned bytes (vector j, lane n: the
-   codes of k = 4j..4j+3 of row n). */
-static inline void group_vectors(const uint8_t *src, int bits, __m512i w[8]) {
-    if (bits == 4) {
-        const __m512i low = _mm512_set1_epi8(0x0F);
-        for (int j = 0; j < 4; j++) {
-            __m512i v = _mm512_loadu_si512(src + 64 * j);
-            w[2 * j] = _mm512_and_si512(v, low);
-            w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        }
-    } else {
-        for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(src + 64 * j);
-    }
+    for (int64_t g = 0; g < x.K / GROUP; g++)
+        quantize_group((const char *)src + g * GROUP * elem, bf16, x, r, g);
 }
 
 /* sum over k of one group of the tile's codes times one row's int8 activations. */
-static inline __m512 group_dot(const __m512i w[8], const int32_t *xr) {
+ALWAYS_INLINE __m512i group_dot(const __m512i w[8], const int32_t *xr) {
     __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
     for (int j = 0; j < 8; j += 2) {
         s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(xr[j]));
         s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32(xr[j + 1]));
     }
-    return _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+    return _mm512_add_epi32(s0, s1);
 }
 
-/* acc[16] = one row of x times one tile: a decode step's case. The same operations in
-   the same order as tile_rows (so a row's result does not depend on how many rows run),
-   with the accumulator kept in a register instead of going through memory every group. */
-static inline void tile_one_row(const uint8_t *tile, const uint16_t *scales, int bits,
-                                int64_t groups, const int8_t *xq, const float *dx, const float *cx,
-                                float *acc) {
-    const int64_t group_bytes = bits == 4 ? 256 : 512;
-    __m512 a = _mm512_setzero_ps();
-    for (int64_t g = 0; g < groups; g++) {
-        __m512i w[8];
-        group_vectors(tile + g * group_bytes, bits, w);
-        const __m256i *halves = (const __m256i *)(scales + g * 2 * TILE);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(halves));
-        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(halves + 1));
-        const __m512 prod = group_dot(w, (const int32_t *)(xq + g * GROUP));
-        a = _mm512_fmadd_ps(prod, _mm512_mul_ps(d, _mm512_set1_ps(dx[g])), a);
-        a = _mm512_fmadd_ps(m, _mm512_set1_ps(cx[g]), a);
-    }
-    _mm512_storeu_ps(acc, a);
+/* The same sum over the group's first 16 values (vectors 0..3) and its last 16. */
+ALWAYS_INLINE void group_dot_halves(const __m512i w[8], const int32_t *xr, __m512i *first,
+                                    __m512i *second) {
+    __m512i s[4];
+    for (int i = 0; i < 4; i++) s[i] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; j += 2)
+        for (int half = 0; half < 2; half++) {
+            const int v = 4 * half + j;
+            s[2 * half] = _mm512_dpbusd_epi32(s[2 * half], w[v], _mm512_set1_epi32(xr[v]));
+            s[2 * half + 1] =
+                _mm512_dpbusd_epi32(s[2 * half + 1], w[v + 1], _mm512_set1_epi32(xr[v + 1]));
+        }
+    *first = _mm512_add_epi32(s[0], s[1]);
+    *second = _mm512_add_epi32(s[2], s[3]);
 }
 
-/* acc[r][16] = rows r0..r0+rows of x times one tile of 16 weight rows. */
-static inline void tile_rows(const uint8_t *tile, const uint16_t *scales, int bits, int64_t groups,
-                             const int8_t *xq, const float *dx, const float *cx, int64_t K,
-                             int64_t rows, float *acc) {
-    if (rows == 1) {
-        tile_one_row(tile, scales, bits, groups, xq, dx, cx, acc);
-        return;
+/* a + row r's share of group g: its codes w scaled by s, times the row's activations. */
+ALWAYS_INLINE __m512 group_row(int fmt, const __m512i w[8], GroupScales s, Int8Rows x, int64_t r,
+                               int64_t g, __m512 a) {
+    const int64_t i = r * (x.K / GROUP) + g;
+    const int32_t *xr = (const int32_t *)(x.q + r * x.K + g * GROUP);
+    const __m512 dx = _mm512_set1_ps(x.d[i]);
+    if (fmt == GRID_Q6_K) {
+        __m512i first, second;
+        group_dot_halves(w, xr, &first, &second);
+        /* the codes are q + 32: sum((q + 32) x) - 32 sum(x), exact in int32 */
+        first = _mm512_sub_epi32(first, _mm512_set1_epi32(32 * x.h[2 * i]));
+        second = _mm512_sub_epi32(second, _mm512_set1_epi32(32 * x.h[2 * i + 1]));
+        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first), _mm512_mul_ps(s.step, dx), a);
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(second), _mm512_mul_ps(s.step2, dx), a);
     }
-    const int64_t group_bytes = bits == 4 ? 256 : 512;
-    for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(acc + r * TILE, _mm512_setzero_ps());
-    for (int64_t g = 0; g < groups; g++) {
-        __m512i w[8];
-        group_vectors(tile + g * group_bytes, bits, w);
-        const __m256i *halves = (const __m256i *)(scales + g * 2 * TILE);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(halves));
-        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(halves + 1));
-        for (int64_t r = 0; r < rows; r++) {
-            const __m512 prod = group_dot(w, (const int32_t *)(xq + r * K + g * GROUP));
-            __m512 a = _mm512_loadu_ps(acc + r * TILE);
-            a = _mm512_fmadd_ps(prod, _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g])), a);
-            a = _mm512_fmadd_ps(m, _mm512_set1_ps(cx[r * groups + g]), a);
-            _mm512_storeu_ps(acc + r * TILE, a);
+    const __m512 prod = _mm512_cvtepi32_ps(group_dot(w, xr));
+    a = _mm512_fmadd_ps(prod, _mm512_mul_ps(s.step, dx), a);
+    return _mm512_fmadd_ps(s.offset, _mm512_set1_ps(x.c[i]), a);
+}
+
+/* acc[r][16] = rows 0..rows of x times one tile of 16 weight rows in format fmt. One row
+   (a decode step) keeps its accumulator in a register; more go through acc every group.
+   The same operations in the same order either way, so a row's result does not depend
+   on how many rows run. */
+ALWAYS_INLINE void tile_pass(int fmt, const uint8_t *tile, const uint8_t *scales, int64_t groups,
+                             Int8Rows x, int64_t rows, float *acc) {
+    const int64_t per = block_groups(fmt), code_bytes = group_bytes(fmt);
+    const int64_t scale_bytes = block_scale_bytes(fmt);
+    __m512 one = _mm512_setzero_ps();
+    if (rows > 1)
+        for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(acc + r * TILE, _mm512_setzero_ps());
+    for (int64_t b = 0; b < groups / per; b++) {
+        const uint8_t *block = scales + b * scale_bytes;
+        const BlockScales bs = block_scales(fmt, block);
+        for (int64_t j = 0; j < per; j++) {
+            const int64_t g = b * per + j;
+            __m512i w[8];
+            group_vectors(fmt, tile + g * code_bytes, w);
+            const GroupScales s = group_scales(fmt, bs, block, j);
+            if (rows == 1) {
+                one = group_row(fmt, w, s, x, 0, g, one);
+                continue;
+            }
+            for (int64_t r = 0; r < rows; r++)
+                _mm512_storeu_ps(acc + r * TILE,
+                                 group_row(fmt, w, s, x, r, g, _mm512_loadu_ps(acc + r * TILE)));
         }
     }
+    if (rows == 1) _mm512_storeu_ps(acc, one);
 }
 
-/* Bytes of one tile of 16 weight rows over K = groups * 32. */
-static inline int64_t tile_bytes(int bits, int64_t groups) {
-    return groups * (bits == 4 ? 256 : 512);
+/* tile_pass with the one-row case compiled apart (its test leaves the group loop). */
+ALWAYS_INLINE void tile_rows_as(int fmt, const uint8_t *tile, const uint8_t *scales,
+                                int64_t groups, Int8Rows x, int64_t rows, float *acc) {
+    if (rows == 1)
+        tile_pass(fmt, tile, scales, groups, x, 1, acc);
+    else
+        tile_pass(fmt, tile, scales, groups, x, rows, acc);
+}
+
+/* tile_rows_as compiled once per format, so no format test runs per group. */
+static inline void tile_rows(const uint8_t *tile, const uint8_t *scales, int fmt, int64_t groups,
+                             Int8Rows x, int64_t rows, float *acc) {
+    switch (fmt) {
+    case GRID_U4: tile_rows_as(GRID_U4, tile, scales, groups, x, rows, acc); break;
+    case GRID_U8: tile_rows_as(GRID_U8, tile, scales, groups, x, rows, acc); break;
+    case GRID_Q4_K: tile_rows_as(GRID_Q4_K, tile, scales, groups, x, rows, acc); break;
+    case GRID_Q5_K: tile_rows_as(GRID_Q5_K, tile, scales, groups, x, rows, acc); break;
+    case GRID_Q6_K: tile_rows_as(GRID_Q6_K, tile, scales, groups, x, rows, acc); break;
+    }
 }
 #endif

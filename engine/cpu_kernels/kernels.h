@@ -7,7 +7,7 @@
 enum { KV_FLOAT32 = 0, KV_BF16 = 1, KV_FP8 = 2 };
 
 int grid_matmul(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *weight,
-                const uint16_t *scales, int bits, int64_t N, const float *bias, void *out,
+                const uint8_t *scales, int fmt, int64_t N, const float *bias, void *out,
                 int out_bf16, int threads);
 int paged_decode(const void *q, int q_bf16, const uint8_t *kv, int kv_kind, const int64_t *slots,
                  const int64_t *lens, int64_t B, int64_t L, int64_t Hq, int64_t Hkv, int64_t D,

@@ -44,12 +44,12 @@ _CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c")
 _I64, _INT, _FLOAT, _PTR = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
 # name -> argument types; every function returns int (0 = done).
 _SIGNATURES = {
-    # x, x_bf16, M, K, codes, scales, bits, N, bias, out, out_bf16, threads
+    # x, x_bf16, M, K, codes, scales, format, N, bias, out, out_bf16, threads
     "grid_matmul": [_PTR, _INT, _I64, _I64, _PTR, _PTR, _INT, _I64, _PTR, _PTR, _INT, _INT],
-    # codes, scales, bits, K, N, out (bf16), threads
+    # codes, scales, format, K, N, out (bf16), threads
     "grid_dequantize": [_PTR, _PTR, _INT, _I64, _I64, _PTR, _INT],
-    # x, T, hidden, intermediate, ids, weights, top_k, experts, num_experts, gate_up_bits,
-    # down_bits, out, threads
+    # x, T, hidden, intermediate, ids, weights, top_k, experts, num_experts, gate_up_format,
+    # down_format, out, threads
     "moe_experts": [
         *(_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, _INT, _INT, _PTR, _INT)
     ],

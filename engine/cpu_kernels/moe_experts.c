@@ -27,76 +27,91 @@
 #include "grid_tiles.h"
 
 /* One routed expert's packed weights: gate_up [2 * I, H] (gate rows, then up rows)
-   and down [H, I], in grid_matmul.c's layout. */
+   and down [H, I], in the layouts of grid_formats.h. */
 typedef struct {
     const uint8_t *gate_up_codes;
-    const uint16_t *gate_up_scales; /* IEEE half */
+    const uint8_t *gate_up_scales;
     const uint8_t *down_codes;
-    const uint16_t *down_scales; /* IEEE half */
+    const uint8_t *down_scales;
 } MoeExpert;
 
 /* Gate and up tiles 2j, 2j + 1 of one expert for `rows` pairs, then SwiGLU and
    int8 quantization of intermediate group j of each pair. */
-static void gate_up_group(const MoeExpert *ex, int bits, int64_t H, int64_t I, int64_t j,
-                          const int8_t *xq, const float *dx, const float *cx, int64_t rows,
-                          int8_t *aq, float *adx, float *acx) {
-    const int64_t hg = H / GROUP, ig = I / GROUP, w_tile = tile_bytes(bits, hg);
-    const int64_t scale_tile = hg * 2 * TILE, up = I / TILE;
+static void gate_up_group(const MoeExpert *ex, int fmt, int64_t I, int64_t j, Int8Rows x,
+                          int64_t rows, Int8Rows act) {
+    const int64_t hg = x.K / GROUP, w_tile = tile_bytes(fmt, hg);
+    const int64_t scale_tile = tile_scale_bytes(fmt, hg), up = I / TILE;
     const int64_t tiles[4] = {2 * j, 2 * j + 1, up + 2 * j, up + 2 * j + 1};
     float acc[4][ROW_BLOCK * TILE];
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
         const int64_t n = rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK;
         for (int i = 0; i < 4; i++)
             tile_rows(ex->gate_up_codes + tiles[i] * w_tile,
-                      ex->gate_up_scales + tiles[i] * scale_tile, bits, hg, xq + r0 * H,
-                      dx + r0 * hg, cx + r0 * hg, H, n, acc[i]);
+                      ex->gate_up_scales + tiles[i] * scale_tile, fmt, hg, rows_from(x, r0), n,
+                      acc[i]);
         for (int64_t r = 0; r < n; r++) {
-            float act[GROUP];
+            float values[GROUP];
             for (int h = 0; h < 2; h++) {
                 const __m512 g = bf16x16_round(_mm512_loadu_ps(acc[h] + r * TILE));
                 const __m512 u = bf16x16_round(_mm512_loadu_ps(acc[2 + h] + r * TILE));
-                _mm512_storeu_ps(act + h * TILE, bf16x16_round(swiglu16(g, u)));
+                _mm512_storeu_ps(values + h * TILE, bf16x16_round(swiglu16(g, u)));
             }
-            const int64_t p = r0 + r;
-            quantize_group(act, 0, aq + p * I + j * GROUP, adx + p * ig + j, acx + p * ig + j);
+            quantize_group(values, 0, act, r0 + r, j);
         }
     }
 }
 
-/* Pair q's copy of its token's int8 row and group scales: each expert's rows side by
+/* Pair q's copy of its token's int8 row and group sums: each expert's rows side by
    side, as the tile loop reads them. */
-static inline void gather_pair(int64_t q, const int64_t *token, int64_t H, const int8_t *xq,
-                               const float *dx, const float *cx, int8_t *pq, float *pdx,
-                               float *pcx) {
-    const int64_t hg = H / GROUP, t = token[q];
-    memcpy(pq + q * H, xq + t * H, (size_t)H);
-    memcpy(pdx + q * hg, dx + t * hg, sizeof(float) * hg);
-    memcpy(pcx + q * hg, cx + t * hg, sizeof(float) * hg);
+static inline void gather_pair(int64_t q, const int64_t *token, Int8Rows x, Int8Rows pairs) {
+    const Int8Rows from = rows_from(x, token[q]), to = rows_from(pairs, q);
+    const int64_t groups = x.K / GROUP;
+    memcpy(to.q, from.q, (size_t)x.K);
+    memcpy(to.d, from.d, sizeof(float) * groups);
+    memcpy(to.c, from.c, sizeof(float) * groups);
+    memcpy(to.h, from.h, sizeof(int32_t) * groups * 2);
+}
+
+/* n int8 rows of K values from scratch blocks by element type, each cursor moved past
+   what the rows take. */
+static Int8Rows carve_rows(int64_t n, int64_t K, int8_t **values, float **floats,
+                           int32_t **halves) {
+    const int64_t groups = K / GROUP;
+    const Int8Rows rows = {*values, *floats, *floats + n * groups, *halves, K};
+    *values += n * K, *floats += 2 * n * groups, *halves += 2 * n * groups;
+    return rows;
 }
 
 /* out[T, H] (bf16) = sum over t's k slots of weight * expert(x_t), expert = down(SwiGLU(
    gate_up(x_t))). x [T, H] bf16; ids [T, k] in 0..E-1 and weights [T, k] float32;
-   experts [E]. H and I are multiples of 32. Returns 0, -1 when scratch memory cannot
-   be had, -2 for an expert id outside 0..E-1 (out is then unwritten). */
+   experts [E], gate_up in format gate_up_fmt and down in down_fmt (grid_formats.h).
+   H and I are multiples of 32 (of 256 for a K-quant format). Returns 0, -1 when scratch
+   memory cannot be had, -2 for an expert id outside 0..E-1 or a format the shapes do not
+   fit (out is then unwritten). */
 int moe_experts(const uint16_t *x, int64_t T, int64_t H, int64_t I, const int64_t *ids,
                 const float *weights, int64_t k, const MoeExpert *experts, int64_t E,
-                int gate_up_bits, int down_bits, uint16_t *out, int threads) {
+                int gate_up_fmt, int down_fmt, uint16_t *out, int threads) {
     const int64_t P = T * k, hg = H / GROUP, ig = I / GROUP;
+    if (!grid_format_fits(gate_up_fmt, H) || !grid_format_fits(down_fmt, I)) return -2;
     for (int64_t p = 0; p < P; p++)
         if (ids[p] < 0 || ids[p] >= E) return -2;
-    /* Scratch in three blocks, by element type. */
+    /* Scratch in four blocks, by element type. */
     int64_t *index = calloc((size_t)(3 * E + 1 + P), sizeof(int64_t));
     float *floats = malloc(sizeof(float) * (size_t)(P + T * H + 2 * (T + P) * hg + 2 * P * ig));
+    int32_t *sums = malloc(sizeof(int32_t) * (size_t)(2 * (T + P) * hg + 2 * P * ig));
     int8_t *bytes = malloc((size_t)(T * H + P * H + P * I));
-    if (!index || !floats || !bytes) {
-        free(index), free(floats), free(bytes);
+    if (!index || !floats || !sums || !bytes) {
+        free(index), free(floats), free(sums), free(bytes);
         return -1;
     }
     int64_t *start = index, *next = start + E + 1, *active = next + E, *token = active + E;
-    float *pair_weight = floats, *sum = pair_weight + P;
-    float *dx = sum + T * H, *cx = dx + T * hg, *pdx = cx + T * hg, *pcx = pdx + P * hg;
-    float *adx = pcx + P * hg, *acx = adx + P * ig;
-    int8_t *xq = bytes, *pq = xq + T * H, *aq = pq + P * H;
+    float *pair_weight = floats, *sum = pair_weight + P, *group_floats = sum + T * H;
+    int8_t *values = bytes;
+    int32_t *halves = sums;
+    /* tokens' rows, pairs' copies of them, and pairs' intermediate activations */
+    const Int8Rows xq = carve_rows(T, H, &values, &group_floats, &halves);
+    const Int8Rows pq = carve_rows(P, H, &values, &group_floats, &halves);
+    const Int8Rows aq = carve_rows(P, I, &values, &group_floats, &halves);
     /* Pairs grouped by expert, in (token, slot) order within one: a counting sort. */
     for (int64_t p = 0; p < P; p++) start[ids[p] + 1]++;
     int64_t A = 0;
@@ -110,31 +125,30 @@ int moe_experts(const uint16_t *x, int64_t T, int64_t H, int64_t I, const int64_
         token[q] = p / k;
         pair_weight[q] = weights[p];
     }
-    const int64_t down_tile = tile_bytes(down_bits, ig), down_scales = ig * 2 * TILE;
+    const int64_t down_tile = tile_bytes(down_fmt, ig);
+    const int64_t down_scales = tile_scale_bytes(down_fmt, ig);
     /* A decode step's few tokens are quantized and gathered before the team starts,
        as in grid_matmul.c: two barriers fewer. */
     const int split_rows = T > SERIAL_QUANTIZE_ROWS;
     if (!split_rows) {
-        for (int64_t t = 0; t < T; t++)
-            quantize_row(x + t * H, 1, H, xq + t * H, dx + t * hg, cx + t * hg);
-        for (int64_t q = 0; q < P; q++) gather_pair(q, token, H, xq, dx, cx, pq, pdx, pcx);
+        for (int64_t t = 0; t < T; t++) quantize_row(x + t * H, 1, xq, t);
+        for (int64_t q = 0; q < P; q++) gather_pair(q, token, xq, pq);
     }
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
         if (split_rows) {
 #pragma omp for schedule(static)
-            for (int64_t t = 0; t < T; t++)
-                quantize_row(x + t * H, 1, H, xq + t * H, dx + t * hg, cx + t * hg);
+            for (int64_t t = 0; t < T; t++) quantize_row(x + t * H, 1, xq, t);
 #pragma omp for schedule(static)
-            for (int64_t q = 0; q < P; q++) gather_pair(q, token, H, xq, dx, cx, pq, pdx, pcx);
+            for (int64_t q = 0; q < P; q++) gather_pair(q, token, xq, pq);
         }
         /* Experts differ in token count, so items differ in cost: hand them out as
            threads free up. */
 #pragma omp for schedule(dynamic)
         for (int64_t item = 0; item < A * ig; item++) {
             const int64_t e = active[item / ig], s = start[e];
-            gate_up_group(experts + e, gate_up_bits, H, I, item % ig, pq + s * H, pdx + s * hg,
-                          pcx + s * hg, start[e + 1] - s, aq + s * I, adx + s * ig, acx + s * ig);
+            gate_up_group(experts + e, gate_up_fmt, I, item % ig, rows_from(pq, s),
+                          start[e + 1] - s, rows_from(aq, s));
         }
         /* A tile's 16 columns belong to one thread: it sums over the experts unraced. */
 #pragma omp for schedule(static)
@@ -148,7 +162,7 @@ int moe_experts(const uint16_t *x, int64_t T, int64_t H, int64_t I, const int64_
                 for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
                     const int64_t m = rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK, p0 = s + r0;
                     tile_rows(ex->down_codes + n * down_tile, ex->down_scales + n * down_scales,
-                              down_bits, ig, aq + p0 * I, adx + p0 * ig, acx + p0 * ig, I, m, acc);
+                              down_fmt, ig, rows_from(aq, p0), m, acc);
                     for (int64_t r = 0; r < m; r++) {
                         float *dst = sum + token[p0 + r] * H + n * TILE;
                         const __m512 w = _mm512_set1_ps(pair_weight[p0 + r]);
@@ -162,6 +176,6 @@ int moe_experts(const uint16_t *x, int64_t T, int64_t H, int64_t I, const int64_
                                     bf16x16_from(_mm512_loadu_ps(sum + t * H + n * TILE)));
         }
     }
-    free(index), free(floats), free(bytes);
+    free(index), free(floats), free(sums), free(bytes);
     return 0;
 }

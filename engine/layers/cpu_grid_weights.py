@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.cpu_kernels.grid_matmul import pack_codes
+from engine.cpu_kernels.grid_matmul import GridFormat, pack_codes
 from engine.layers.cpu_matrix_path import grid_product
 from engine.layers.linear_methods import DENSE, DenseMethod, MethodLinear
 
@@ -176,14 +176,21 @@ def _in_half(groups: torch.Tensor, q: torch.Tensor, step: torch.Tensor, *lo: tor
 
 @dataclass
 class GridWeight:
-    """A weight `step * codes + offset` in the int8-activation kernel's layout."""
+    """A weight `step * codes + offset` in the int8-activation kernel's layout: a plain
+    grid of `bits` (step and offset half per group of 32) unless `format` says which
+    other (engine/cpu_kernels/grid_formats.h: llama.cpp's K-quants)."""
 
     codes: torch.Tensor  # uint8, nibbles for a 4-bit grid
-    scales: torch.Tensor  # float16 step and offset per group of 32 (exact: see _in_half)
-    bits: int
+    scales: torch.Tensor  # plain grids: float16 step and offset per group of 32 (see _in_half)
+    bits: int  # the codes' width
     rows: int
-    grid: str
+    grid: str  # for reports: "4-bit", "8-bit", or the K-quant's name
     bias: torch.Tensor | None = None  # float32, added by the kernel
+    format: GridFormat | None = None
+
+    def __post_init__(self):
+        if self.format is None:
+            self.format = GridFormat(self.bits)
 
     @property
     def nbytes(self) -> int:
@@ -192,7 +199,9 @@ class GridWeight:
     def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """On VNNI, or on BF16 tiles from many rows where the CPU has AMX
         (engine/layers/cpu_matrix_path.py)."""
-        return grid_product(x, self.codes, self.scales, self.bits, self.rows, self.bias, out_dtype)
+        return grid_product(
+            x, self.codes, self.scales, self.format, self.rows, self.bias, out_dtype
+        )
 
 
 def _grid_four_bit(q: torch.Tensor, step: torch.Tensor, lo: torch.Tensor) -> GridWeight:

@@ -6,8 +6,9 @@ fastest at every one. Prefill and large batches are matrix work, though, and
 an Intel Xeon with AMX multiplies BF16 tiles through oneDNN at several times
 the VNNI rate (about 740 GFLOP/s against the engine's 185 on 2 cores, issue 25).
 There, from `BF16_MIN_ROWS` rows of activations on, a grid weight is expanded
-to BF16 (exactly: the float32 `step * code + offset` rounded to nearest even,
-C, about a millisecond for a 3072x576 weight) and multiplied by torch, which
+to BF16 (exactly: the float32 value the checkpoint's dequantizer computes, in
+every grid format, rounded to nearest even, C, about a millisecond for a
+3072x576 weight) and multiplied by torch, which
 oneDNN runs on the tiles. Decode steps with fewer rows stay on VNNI: they are
 bound by memory, and the expanded weight is four times the bytes.
 
@@ -65,16 +66,17 @@ def grid_product(
     x: torch.Tensor,
     codes: torch.Tensor,
     scales: torch.Tensor,
-    bits: int,
+    fmt: int,
     rows: int,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """x [M, K] times a grid weight [rows, K]^T on the path this many rows take."""
+    """x [M, K] times a grid weight [rows, K]^T in format `fmt` (a GridFormat) on the path
+    this many rows take."""
     path, min_rows = matrix_path()
     if path == INT8 or x.shape[0] < min_rows:
-        return grid_matmul(x, codes, scales, bits, rows, bias, out_dtype)
-    dense = grid_dequantize(codes, scales, bits, rows, x.shape[1])
+        return grid_matmul(x, codes, scales, fmt, rows, bias, out_dtype)
+    dense = grid_dequantize(codes, scales, fmt, rows, x.shape[1])
     out = F.linear(x.to(torch.bfloat16), dense)  # float32 accumulation, BF16 out
     out_dtype = out_dtype or x.dtype
     if bias is not None:

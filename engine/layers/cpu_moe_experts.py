@@ -5,7 +5,7 @@ gather, two grid products, SwiGLU, a weighted scatter. At one decode token
 with 8 experts the Python and the 9 OpenMP regions cost as much again as the
 products (bench/cpu_kernels.py moe_experts). When every routed expert's
 gate_up_proj and down_proj are grid weights (engine/layers/cpu_grid_weights.py
-GridWeight) of one bit width and shape, `CpuMoeExperts` describes them to C
+GridWeight) of one format and shape, `CpuMoeExperts` describes them to C
 once (pointers to codes and scales) and the block calls it instead: one
 parallel region for the layer, each selected expert's weights read once for
 all its tokens, as llama.cpp's mul_mat_id.
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from engine.cpu_kernels.library import library
-from engine.layers.cpu_grid_weights import GROUP, GridWeight, grid_weight_of
+from engine.layers.cpu_grid_weights import GridWeight, grid_weight_of
 from engine.layers.cpu_matrix_path import BF16, matrix_path
 from engine.layers.moe import SparseMoE
 
@@ -50,6 +50,11 @@ def _grid(linear: nn.Module) -> GridWeight | None:
     return packed if isinstance(packed, GridWeight) and packed.bias is None else None
 
 
+def _kind(weight: GridWeight) -> tuple:
+    """What the kernel needs alike in every expert: the layout and the codes' width."""
+    return weight.format, weight.bits
+
+
 def _holds(weight: GridWeight, cols: int) -> bool:
     """Whether the packed codes are a [rows, cols] weight (rows padded to whole tiles)."""
     padded = -(-weight.rows // _TILE) * _TILE
@@ -64,7 +69,7 @@ class CpuMoeExperts:
         self._weights = (gate_up, down)  # the array points into their tensors
         self.hidden = down[0].rows
         self.intermediate = gate_up[0].rows // 2
-        self.gate_up_bits, self.down_bits = gate_up[0].bits, down[0].bits
+        self.gate_up_format, self.down_format = gate_up[0].format, down[0].format
         refs = [
             _Expert(
                 g.codes.data_ptr(), g.scales.data_ptr(), d.codes.data_ptr(), d.scales.data_ptr()
@@ -85,12 +90,17 @@ class CpuMoeExperts:
             return None
         first_gate_up, first_down = gate_up[0], down[0]
         hidden, intermediate = first_down.rows, first_gate_up.rows // 2
-        # SwiGLU pairs gate and up columns by 32-wide quantization group (moe_experts.c).
-        if hidden % GROUP or intermediate % GROUP or first_gate_up.rows != 2 * intermediate:
+        # SwiGLU pairs gate and up columns by 32-wide quantization group (moe_experts.c),
+        # and each product's rows are whole blocks of its format (32 values or more).
+        if (
+            hidden % first_gate_up.format.block
+            or intermediate % first_down.format.block
+            or first_gate_up.rows != 2 * intermediate
+        ):
             return None
-        shape = (first_gate_up.rows, first_gate_up.bits, hidden, first_down.bits)
+        shape = (first_gate_up.rows, _kind(first_gate_up), hidden, _kind(first_down))
         for g, d in zip(gate_up, down, strict=True):
-            if (g.rows, g.bits, d.rows, d.bits) != shape:
+            if (g.rows, _kind(g), d.rows, _kind(d)) != shape:
                 return None
             if not (_holds(g, hidden) and _holds(d, intermediate)):
                 return None
@@ -126,8 +136,8 @@ class CpuMoeExperts:
             ids.shape[1],
             ctypes.addressof(self.experts),
             len(self.experts),
-            self.gate_up_bits,
-            self.down_bits,
+            self.gate_up_format,
+            self.down_format,
             out.data_ptr(),
             torch.get_num_threads(),
         )

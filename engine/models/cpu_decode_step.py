@@ -30,7 +30,7 @@ _PTR, _I64, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
 class _GridRef(ctypes.Structure):
-    _fields_ = [("codes", _PTR), ("scales", _PTR), ("bias", _PTR), ("rows", _I64), ("bits", _I64)]
+    _fields_ = [("codes", _PTR), ("scales", _PTR), ("bias", _PTR), ("rows", _I64), ("format", _I64)]
 
 
 class _Layer(ctypes.Structure):
@@ -97,7 +97,7 @@ def _fusable(layer, first_layer) -> bool:
 def _ref(packed: GridWeight) -> _GridRef:
     bias = packed.bias.data_ptr() if packed.bias is not None else None
     return _GridRef(
-        packed.codes.data_ptr(), packed.scales.data_ptr(), bias, packed.rows, packed.bits
+        packed.codes.data_ptr(), packed.scales.data_ptr(), bias, packed.rows, int(packed.format)
     )
 
 

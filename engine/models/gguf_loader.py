@@ -4,15 +4,16 @@ The file is memory-mapped (gguf's reader) and its tensor plan
 (engine/model_files/gguf_plan.py) says which rows of which GGUF tensors make
 each Hugging Face tensor. Two kinds of layer:
 
-- A linear layer whose every piece is rows of Q4_0, Q4_1 or Q8_0 tensors
-  (with the CPU grid kernel in use) is given its grid method before any
-  memory is allocated for it: the blocks' codes and half scales go straight
-  into the kernel's layout (engine/weights/gguf_blocks.py), exact, and no
-  dense copy of the weight ever exists.
-- Everything else (norms, embeddings, routers, K-quant or float tensors, a
-  tensor that needs a transform such as DeepSeek's transposed `attn_k_b`) is
-  dequantized one tensor at a time and loaded like a safetensors tensor,
-  split over the ranks as usual.
+- A linear layer whose every piece is rows of Q4_0, Q4_1 or Q8_0 tensors, or
+  rows of K-quant tensors of one type (Q4_K, Q5_K, Q6_K), with the CPU grid
+  kernel in use, is given its grid method before any memory is allocated for
+  it: the blocks' codes and scales go straight into the kernel's layout
+  (engine/weights/gguf_blocks.py, gguf_kquants.py), exact, and no dense copy
+  of the weight ever exists.
+- Everything else (norms, embeddings, routers, float tensors, a fused layer
+  whose parts mix a K-quant with another type, a tensor that needs a transform
+  such as DeepSeek's transposed `attn_k_b`) is dequantized one tensor at a time
+  and loaded like a safetensors tensor, split over the ranks as usual.
 
 So start-up reads the file once and holds about its bytes, where converting
 to a float32 folder first wrote four bytes a weight to disk and read them back.
@@ -21,7 +22,7 @@ to a float32 folder first wrote four bytes a weight to disk and read them back.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +44,13 @@ from engine.weights.gguf_blocks import (
     offsets_exact,
     pack_grid_rows,
 )
+from engine.weights.gguf_kquants import (
+    KQUANT_TYPES,
+    KQuantRows,
+    decode_kquant_blocks,
+    join_kquant_rows,
+    pack_kquant_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +68,21 @@ class GGUFWeights:
     def _type_name(self, source: str) -> str:
         return GGMLQuantizationType(self.tensors[source].tensor_type).name
 
-    def grid_rows(self, plan: TensorPlan) -> GridRows | None:
+    def grid_rows(self, plan: TensorPlan) -> GridRows | KQuantRows | None:
         """The plan's rows as grid codes, or None unless every piece is rows of blocks
         the grid kernel multiplies as they are."""
-        if not plan.rows_only or not all(self._type_name(s) in BLOCK_TYPES for s in plan.sources):
+        types = {self._type_name(source) for source in plan.sources}
+        if not plan.rows_only or not (types <= BLOCK_TYPES.keys() or types <= KQUANT_TYPES.keys()):
             return None
         parts = []
         for piece in plan.pieces:
             tensor = self.tensors[piece.source]
             total, columns = row_view_shape(tuple(reversed(tensor.shape.tolist())))
             rows = tensor.data.reshape(total, -1)[_selection(piece.rows)]
-            parts.append(decode_blocks(rows, self._type_name(piece.source), columns))
-        return join_rows(parts)
+            type_name = self._type_name(piece.source)
+            decode = decode_blocks if type_name in BLOCK_TYPES else decode_kquant_blocks
+            parts.append(decode(rows, type_name, columns))
+        return _join(parts)
 
     def dense(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor no layer holds packed, dequantized to float32, one at a time."""
@@ -85,6 +96,25 @@ class GGUFWeights:
 
     def _rows(self, source: str, selection) -> np.ndarray:
         return dequantized_rows(self.tensors[source], selection)
+
+
+def _join(parts: list) -> GridRows | KQuantRows | None:
+    """One layer's rows from its parts: plain grids join (4-bit codes as 8-bit beside
+    8-bit ones), K-quants only with their own type."""
+    if all(isinstance(part, GridRows) for part in parts):
+        return join_rows(parts)
+    return join_kquant_rows(parts)
+
+
+def _grid_weight(rows: GridRows | KQuantRows) -> GridWeight | None:
+    if isinstance(rows, KQuantRows):
+        codes, scales = pack_kquant_rows(rows)
+        fmt = rows.format
+        return GridWeight(codes, scales, fmt.bits, rows.rows, fmt.name, format=fmt)
+    if not offsets_exact(rows):
+        return None
+    codes, scales = pack_grid_rows(rows)
+    return GridWeight(codes, scales, rows.bits, rows.rows, f"{rows.bits}-bit")
 
 
 def _selection(rows) -> slice | np.ndarray:
@@ -104,7 +134,7 @@ def install_grid_layers(model: nn.Module, weights: GGUFWeights) -> set[str]:
         target, shard = model.checkpoint_target(plan.name)
         by_layer[target[: -len(".weight")]][shard] = plan
     filled: set[str] = set()
-    counts = {"4-bit": 0, "8-bit": 0}
+    counts: Counter[str] = Counter()
     for layer_name, shards in by_layer.items():
         try:
             layer = model.get_submodule(layer_name)
@@ -114,15 +144,14 @@ def install_grid_layers(model: nn.Module, weights: GGUFWeights) -> set[str]:
         if order is None:
             continue
         parts = [weights.grid_rows(shards[shard]) for shard in order]
-        if any(part is None for part in parts):
+        rows = None if any(part is None for part in parts) else _join(parts)
+        if rows is None:
             continue
-        rows = join_rows(parts)
         if rows.rows != layer.out_features or rows.codes.shape[1] * 32 != layer.in_features:
             continue
-        if not offsets_exact(rows):
+        packed = _grid_weight(rows)
+        if packed is None:
             continue
-        codes, scales = pack_grid_rows(rows)
-        packed = GridWeight(codes, scales, rows.bits, rows.rows, f"{rows.bits}-bit")
         layer.method = GridMethod(packed, MAX_PACKED_ROWS)
         # No dense copy: an empty weight stays in its place, as grid packing leaves it.
         layer.weight = nn.Parameter(
@@ -133,9 +162,8 @@ def install_grid_layers(model: nn.Module, weights: GGUFWeights) -> set[str]:
         filled.update(target if shard is None else f"{target}:{shard}" for shard in order)
         counts[packed.grid] += 1
     log.info(
-        "GGUF blocks kept packed: %d layers on a 4-bit grid, %d on an 8-bit grid",
-        counts["4-bit"],
-        counts["8-bit"],
+        "GGUF blocks kept packed: %s",
+        ", ".join(f"{n} layers {grid}" for grid, n in sorted(counts.items())) or "none",
     )
     return filled
 

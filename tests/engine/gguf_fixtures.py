@@ -122,21 +122,25 @@ def unpermute_rotary_rows(weight: np.ndarray, heads: int) -> np.ndarray:
 def encode(values: np.ndarray, qtype: GGMLQuantizationType, rng: np.random.Generator) -> np.ndarray:
     """The bytes (or array) GGUFWriter stores for `values` in `qtype`.
 
-    gguf-py cannot quantize K-quants, so for Q4_K and Q6_K this returns random
+    gguf-py cannot quantize K-quants, so for Q4_K, Q5_K and Q6_K this returns random
     blocks with small scales instead; tests compare against their dequantization.
     """
     if qtype == GGMLQuantizationType.F32:
         return values.astype(np.float32)
     if qtype == GGMLQuantizationType.F16:
         return values.astype(np.float16)
-    if qtype in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K):
+    block_bytes = {
+        GGMLQuantizationType.Q4_K: 144,
+        GGMLQuantizationType.Q5_K: 176,
+        GGMLQuantizationType.Q6_K: 210,
+    }
+    if qtype in block_bytes:
         rows, columns = values.shape
-        block_bytes = 144 if qtype == GGMLQuantizationType.Q4_K else 210
-        raw = rng.integers(0, 256, size=(rows, columns // 256, block_bytes), dtype=np.uint8)
-        if qtype == GGMLQuantizationType.Q4_K:  # d and dmin lead the block
-            raw[..., 0:4] = np.array([0.0005, 0.0002], dtype=np.float16).view(np.uint8)
-        else:  # d ends the block
+        raw = rng.integers(0, 256, size=(rows, columns // 256, block_bytes[qtype]), dtype=np.uint8)
+        if qtype == GGMLQuantizationType.Q6_K:  # d ends the block
             raw[..., 208:210] = np.array([0.0001], dtype=np.float16).view(np.uint8)
+        else:  # d and dmin lead the block
+            raw[..., 0:4] = np.array([0.0005, 0.0002], dtype=np.float16).view(np.uint8)
         return raw.reshape(rows, -1)
     return quants.quantize(values, qtype)
 

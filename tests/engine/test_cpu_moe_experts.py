@@ -92,7 +92,7 @@ def test_the_kernel_sums_the_experts_as_the_loop_does(tokens, top_k, grids):
     gate_up_grid = q8_0_values if grids == "q8_0 gate_up" else q4_1_values
     moe = _moe(top_k, gate_up_grid)
     fused = CpuMoeExperts.build(moe)
-    assert fused is not None and fused.gate_up_bits == (8 if grids == "q8_0 gate_up" else 4)
+    assert fused is not None and fused.gate_up_format == (8 if grids == "q8_0 gate_up" else 4)
     gen = torch.Generator().manual_seed(tokens * 10 + top_k)
     x = torch.randn(tokens, HIDDEN, generator=gen).bfloat16()
     weights, ids = _routes(tokens, top_k, gen)
