@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from engine.testing.shard_writer import ShardWriter
 from engine.testing.tokenizers import save_bpe_tokenizer
 from engine.weights.grid_rounding import GROUP, q4_1_values, q8_0_values
 
@@ -164,30 +165,12 @@ def write_realistic_checkpoint(
     directory.mkdir(parents=True, exist_ok=True)
     cfg = realistic_config(family, layers)
     generator = torch.Generator().manual_seed(seed)
-    weight_map: dict[str, str] = {}
-    shard: dict[str, torch.Tensor] = {}
-    held, index, total = 0, 0, 0
-
-    def flush() -> None:
-        nonlocal shard, held, index
-        if shard:
-            index += 1
-            name = f"model-{index:05d}.safetensors"
-            save_file(shard, str(directory / name), metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(shard, name))
-        shard, held = {}, 0
-
+    writer = ShardWriter(directory, shard_mb)
     for name, shape in _tensor_shapes(family, cfg).items():
         tensor = _values(name, shape, generator).contiguous()
-        shard[name] = tensor
-        held += tensor.numel() * 4
-        total += tensor.numel() * 4
-        if held >= shard_mb * 2**20:
-            flush()
-    flush()
+        writer.add(name, tensor)
+    writer.close()
     (directory / "config.json").write_text(json.dumps(cfg, indent=2))
-    index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (directory / "model.safetensors.index.json").write_text(json.dumps(index_doc, indent=2))
     tokenizer(directory, cfg["vocab_size"])
     return directory
 

@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
+from engine.testing.shard_writer import ShardWriter
 from engine.testing.tokenizers import save_bpe_tokenizer
 
 
@@ -64,32 +64,14 @@ def write_wide_llama(
     directory.mkdir(parents=True, exist_ok=True)
     cfg = wide_llama_config(hidden, layers, vocab)
     generator = torch.Generator().manual_seed(0)
-    weight_map: dict[str, str] = {}
-    shard: dict[str, torch.Tensor] = {}
-    shard_bytes, index, total = 0, 0, 0
-
-    def flush() -> None:
-        nonlocal shard, shard_bytes, index
-        if shard:
-            index += 1
-            name = f"model-{index:05d}.safetensors"
-            save_file(shard, str(directory / name), metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(shard, name))
-        shard, shard_bytes = {}, 0
-
+    writer = ShardWriter(directory, shard_mb)
     for name, shape in _tensor_shapes(cfg):
         if name.endswith("norm.weight"):
             tensor = torch.ones(shape, dtype=torch.bfloat16)
         else:
             tensor = (torch.randn(shape, generator=generator) * 0.02).to(torch.bfloat16)
-        shard[name] = tensor
-        shard_bytes += tensor.numel() * 2
-        total += tensor.numel() * 2
-        if shard_bytes >= shard_mb * 2**20:
-            flush()
-    flush()
+        writer.add(name, tensor)
+    writer.close()
     (directory / "config.json").write_text(json.dumps(cfg, indent=2))
-    index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (directory / "model.safetensors.index.json").write_text(json.dumps(index_doc, indent=2))
     save_bpe_tokenizer(directory, vocab)
     return directory
