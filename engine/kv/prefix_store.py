@@ -78,6 +78,8 @@ def engine_fingerprint(engine) -> tuple[str, dict]:
         "scale_granularity": engine.pool.granularity,
         "attention_backend": engine.runner.backend.name,
         "cpu_kernel": engine.cpu_kernel,
+        # Weights rounded at load compute another function than the checkpoint's.
+        "cpu_weights": engine.config.cpu_weights,
         "deterministic": engine.config.deterministic,
         "device": engine.device.type,
         "torch": torch.__version__,

@@ -93,6 +93,7 @@ def test_bf16_round_trip(tiny_llama_dir, tmp_path):
         {"kv_cache_dtype": "auto"},  # another KV dtype
         {"kv_rotation": "none"},  # another rotation
         {"page_size": 8},  # another page geometry
+        {"cpu_weights": "q8_0"},  # weights rounded at load
     ],
 )
 def test_another_engine_state_never_matches(saved, tiny_llama_dir, change):
