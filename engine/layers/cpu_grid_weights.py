@@ -204,6 +204,42 @@ class GridWeight:
         )
 
 
+class GridParts:
+    """Grid weights stacked by rows, each in its own format: a fused layer whose pieces a
+    GGUF stores in different K-quant types (a Q4_K_M file's Q4_K q/k beside a Q6_K v),
+    which no one layout holds exactly. Each part is multiplied on its own and the
+    outputs are joined; the fused C decode step takes single grid weights only."""
+
+    grid = "mixed"
+
+    def __init__(self, parts: list[GridWeight]):
+        self.parts = parts
+        self.rows = sum(part.rows for part in parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.nbytes for part in parts) if (parts := self.parts) else 0
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        biases = [part.bias for part in self.parts]
+        return None if any(b is None for b in biases) else torch.cat(biases)
+
+    @bias.setter
+    def bias(self, bias: torch.Tensor | None) -> None:
+        for part, piece in zip(self.parts, _row_pieces(bias, self.parts), strict=True):
+            part.bias = piece
+
+    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.cat([part.matmul(x, out_dtype) for part in self.parts], dim=-1)
+
+
+def _row_pieces(values: torch.Tensor | None, parts: list[GridWeight]) -> list:
+    if values is None:
+        return [None] * len(parts)
+    return list(values.split([part.rows for part in parts]))
+
+
 def _grid_four_bit(q: torch.Tensor, step: torch.Tensor, lo: torch.Tensor) -> GridWeight:
     codes, scales = pack_codes(q, step, lo, bits=4)
     return GridWeight(codes, scales, 4, q.shape[0], "4-bit")
@@ -278,7 +314,7 @@ class GridMethod(DenseMethod):
     def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         packed = self.packed
-        if isinstance(packed, GridWeight):
+        if isinstance(packed, GridWeight | GridParts):
             flat = x.reshape(rows, x.shape[-1])
             if flat.dtype not in (torch.float32, torch.bfloat16):
                 flat = flat.float()
@@ -296,7 +332,10 @@ class GridMethod(DenseMethod):
         """The int8 kernel writes float32 logits from its accumulators: no BF16
         rounding of the logits and no copy to cast them back."""
         packed = self.packed
-        if not isinstance(packed, GridWeight) or x.dtype not in (torch.float32, torch.bfloat16):
+        if not isinstance(packed, GridWeight | GridParts) or x.dtype not in (
+            torch.float32,
+            torch.bfloat16,
+        ):
             return super().logits(layer, x)
         flat = x.reshape(-1, x.shape[-1]).contiguous()
         return packed.matmul(flat, torch.float32).reshape(*x.shape[:-1], packed.rows)

@@ -31,7 +31,7 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
-from engine.layers.cpu_grid_weights import MAX_PACKED_ROWS, GridMethod, GridWeight
+from engine.layers.cpu_grid_weights import MAX_PACKED_ROWS, GridMethod, GridParts, GridWeight
 from engine.layers.linear import FusedLinear
 from engine.layers.linear_methods import DENSE, MethodLinear
 from engine.model_files.gguf_convert import dequantized_rows, read_gguf
@@ -144,13 +144,15 @@ def install_grid_layers(model: nn.Module, weights: GGUFWeights) -> set[str]:
         if order is None:
             continue
         parts = [weights.grid_rows(shards[shard]) for shard in order]
-        rows = None if any(part is None for part in parts) else _join(parts)
-        if rows is None:
+        if any(part is None or part.codes.shape[1] * 32 != layer.in_features for part in parts):
             continue
-        if rows.rows != layer.out_features or rows.codes.shape[1] * 32 != layer.in_features:
-            continue
-        packed = _grid_weight(rows)
-        if packed is None:
+        rows = _join(parts)
+        if rows is not None:
+            packed = _grid_weight(rows)
+        else:  # pieces in formats no one layout holds: a grid weight each
+            pieces = [_grid_weight(part) for part in parts]
+            packed = None if any(p is None for p in pieces) else GridParts(pieces)
+        if packed is None or packed.rows != layer.out_features:
             continue
         layer.method = GridMethod(packed, MAX_PACKED_ROWS)
         # No dense copy: an empty weight stays in its place, as grid packing leaves it.
@@ -188,5 +190,5 @@ def attach_biases(model: nn.Module) -> None:
         method = getattr(module, "method", None)
         if isinstance(method, GridMethod) and getattr(module, "bias", None) is not None:
             packed = method.packed
-            if isinstance(packed, GridWeight) and packed.bias is None:
+            if isinstance(packed, GridWeight | GridParts) and packed.bias is None:
                 packed.bias = module.bias.detach().float().clone()

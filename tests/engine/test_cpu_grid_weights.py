@@ -284,3 +284,27 @@ def test_the_default_model_with_int8_activations_predicts_as_float32_does():
     agreement = float((got == want).float().mean())
     print(f"\n[default model] int8 activations: top-1 agreement with float32 = {agreement:.3f}")
     assert agreement >= 0.93
+
+
+def test_grid_parts_join_their_products_and_share_out_the_bias():
+    """A fused layer held as one grid weight per part (formats no one layout holds):
+    its product is the parts' products side by side, each with its slice of the bias."""
+    from engine.cpu_kernels.library import unavailable
+    from engine.layers.cpu_grid_weights import GridParts
+
+    if unavailable():
+        pytest.skip(f"CPU kernels: {unavailable()}")
+    gen = torch.Generator().manual_seed(9)
+    weights = [_weight(*_q4_1_grid(gen)), _weight(*_q8_0_grid(gen))]
+    parts = [pack_if_on_grid(w, kernel="int8") for w in weights]
+    joined = GridParts(parts)
+    bias = torch.randn(2 * ROWS, generator=gen)
+    joined.bias = bias
+    assert torch.equal(joined.bias, bias) and joined.rows == 2 * ROWS
+    x = torch.randn(3, COLS, generator=gen).bfloat16()
+    alone = [pack_if_on_grid(w, kernel="int8") for w in weights]
+    for part, piece in zip(alone, bias.split(ROWS), strict=True):
+        part.bias = piece
+    expected = torch.cat([part.matmul(x, torch.float32) for part in alone], dim=-1)
+    assert torch.equal(joined.matmul(x, torch.float32), expected)
+    assert joined.nbytes == sum(part.nbytes for part in parts)

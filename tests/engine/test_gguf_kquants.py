@@ -288,9 +288,10 @@ def _llama(vocab_size: int) -> LlamaForCausalLM:
 def test_a_k_quant_file_read_directly_computes_what_its_float32_folder_computes(
     tmp_path, mixed_qkv
 ):
-    """Every K-quant layer packed, with no dense copy, except a fused layer whose parts mix
-    types (layer 1's qkv with a Q6_K attn_v beside Q4_K q and k), which stays dense; the
-    last prompt tokens run as decode steps (all layers in one C call where all are packed)."""
+    """Every K-quant layer packed, with no dense copy; a fused layer whose parts mix types
+    (layer 1's qkv with a Q6_K attn_v beside Q4_K q and k, as Q4_K_M files have) holds a
+    grid weight per part (GridParts); the last prompt tokens run as decode steps (all
+    layers in one C call where every layer is a single grid weight)."""
     tokenizer = tiny_tokenizer()
     gguf = tmp_path / "model.q4_k_m.gguf"
     types = {**_FILE_TYPES, "blk.1.attn_v.weight": "Q6_K" if mixed_qkv else "Q4_K"}
@@ -304,13 +305,15 @@ def test_a_k_quant_file_read_directly_computes_what_its_float32_folder_computes(
     from_file = LLM(str(direct), dtype="bfloat16", kv_cache_dtype="bf16")
     model = from_file.engine.model
     packed = {
-        name: grid_weight_of(module).format
+        name: getattr(grid_weight_of(module), "format", None)
         for name, module in model.named_modules()
         if grid_weight_of(module) is not None
     }
     expected = dict(_PACKED)
     if mixed_qkv:
-        del expected["model.layers.1.self_attn.qkv_proj"]
+        expected["model.layers.1.self_attn.qkv_proj"] = None  # Q4_K, Q4_K, Q6_K parts
+        parts = grid_weight_of(model.model.layers[1].self_attn.qkv_proj).parts
+        assert [part.format for part in parts] == [GridFormat.Q4_K] * 2 + [GridFormat.Q6_K]
     assert packed == expected
     for name, module in model.named_modules():
         if name in packed:
