@@ -31,15 +31,10 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, quants
 from tqdm import tqdm
 
 from engine.errors import ModelError
-from engine.model_files.gguf_families import (
-    REFETCH_HINT,
-    SUPPORTED_ARCHITECTURES,
-    GGUFModel,
-    plan_model,
-)
-from engine.model_files.gguf_plan import materialize, row_view_shape
+from engine.model_files.gguf_families import REFETCH_HINT, SUPPORTED_ARCHITECTURES, GGUFModel
+from engine.model_files.gguf_models import plan_model
+from engine.model_files.gguf_plan import GGUF_WEIGHTS, materialize, row_view_shape
 from engine.model_files.gguf_tokenizer import rebuild_tokenizer
-from engine.model_files.store import GGUF_WEIGHTS
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "convert_gguf", "read_gguf"]
 

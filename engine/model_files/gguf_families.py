@@ -73,31 +73,6 @@ class Metadata:
         return value
 
 
-def plan_model(values: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> GGUFModel:
-    """The Hugging Face model a GGUF file holds; `shapes` maps tensor names to numpy shapes."""
-    meta = Metadata(values)
-    architecture = meta.architecture
-    if architecture not in SUPPORTED_ARCHITECTURES:
-        raise ModelError(
-            f"GGUF architecture {architecture!r} is not supported; the converter reads "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}. {ORIGINAL_FOLDER.capitalize()}."
-        )
-    if "rope_freqs.weight" in shapes:
-        raise ModelError(
-            "This GGUF uses Llama 3.1-style scaled RoPE (a rope_freqs tensor), which the converter "
-            f"does not rebuild; {ORIGINAL_FOLDER}."
-        )
-    if "token_embd.weight" not in shapes:
-        raise ModelError(f"GGUF has no token_embd.weight tensor; {REFETCH_HINT}.")
-    if architecture == "llama":
-        return _llama(meta, shapes)
-    if architecture in ("qwen2", "glm4"):
-        return _dense(meta, shapes)
-    from engine.model_files.gguf_moe import plan_deepseek2, plan_glm4_moe
-
-    return (plan_glm4_moe if architecture == "glm4moe" else plan_deepseek2)(meta, shapes)
-
-
 # --- config pieces every family shares ------------------------------------------
 
 
@@ -237,7 +212,7 @@ def plan_dense_mlp(p: Planner, layer: int) -> None:
 # --- llama, qwen2, glm4 ----------------------------------------------------------
 
 
-def _llama(meta: Metadata, shapes) -> GGUFModel:
+def plan_llama(meta: Metadata, shapes) -> GGUFModel:
     """Llama as the converter has always written it (the default model's config.json)."""
     hidden_size = meta.number("embedding_length")
     heads = meta.number("attention.head_count")
@@ -288,7 +263,7 @@ def _llama(meta: Metadata, shapes) -> GGUFModel:
     return GGUFModel("llama", config, plans, skipped)
 
 
-def _dense(meta: Metadata, shapes) -> GGUFModel:
+def plan_dense(meta: Metadata, shapes) -> GGUFModel:
     """Qwen2 and GLM-4 dense: GQA with q/k/v biases, rotary as stored (no Q/K row order)."""
     glm = meta.architecture == "glm4"
     architecture, model_type = ("Glm4ForCausalLM", "glm4") if glm else ("Qwen2ForCausalLM", "qwen2")

@@ -35,6 +35,9 @@ from engine.errors import ModelError
 
 REFETCH_HINT = "download the file again (or run `resident models pull` for the default model)"
 ORIGINAL_FOLDER = "use the original Hugging Face model folder instead"
+# A model folder made for a GGUF file (engine/model_files/store.py) links the file under
+# this name; the loader reads its weights from it (engine/models/gguf_loader.py).
+GGUF_WEIGHTS = "model.gguf"
 Transform = Literal["transpose"]
 Rows = range | tuple[int, ...]
 

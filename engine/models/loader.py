@@ -23,8 +23,8 @@ from engine.errors import CheckpointError, EngineError
 from engine.layers.moe import SparseMoE
 from engine.layers.packed_methods import is_packed_method
 from engine.layers.packed_plan import plan_packed_layers
+from engine.model_files.gguf_plan import GGUF_WEIGHTS
 from engine.model_files.model_config import ModelConfig, load_config
-from engine.model_files.store import GGUF_WEIGHTS
 from engine.models import model_class
 from engine.weights.formats import weight_decoder
 from engine.weights.lazy import LazyTensor, materialize

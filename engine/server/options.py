@@ -41,6 +41,7 @@ SERVE_SETTINGS: tuple[str, ...] = (
     "max_model_len",
     "attention_backend",
     "cpu_kernel",
+    "cpu_weights",
     "kv_disk",
     "kv_host_gib",
     "speculative",

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from engine import LLM, SamplingParams
 from engine.errors import ModelError
 from engine.model_files.gguf_convert import convert_gguf, read_gguf
-from engine.model_files.gguf_families import plan_model
+from engine.model_files.gguf_models import plan_model
 from engine.model_files.model_config import load_config
 from engine.testing.checkpoints import (
     build_deepseek_v3,
