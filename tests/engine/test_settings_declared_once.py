@@ -89,6 +89,7 @@ def test_serve_keeps_its_flags():
         *("--cuda-graphs", "--no-cuda-graphs"),  # added with the CUDA-graph decode (#28)
         *("--fp8-decode-dots", "--no-fp8-decode-dots"),  # FP8 tensor-core decode (#28)
         "--stream-interval-ms",  # streamed tokens paced (#25)
+        "--cpu-weights",  # dense weights quantized at load (#37)
     }
 
 
