@@ -89,29 +89,36 @@ class CPUAttentionBackend(TorchAttentionBackend):
         )
 
     def mla_decode(
-        self, layer, q_nope, q_rope, latent, k_rope, kv_b_weight, pool, meta, dims, softmax_scale
+        self,
+        layer,
+        q_nope,
+        q_rope,
+        latent,
+        k_rope,
+        kv_b_weight,
+        pool,
+        meta,
+        dims,
+        softmax_scale,
+        latent_grid=None,
     ):
         """Absorbed MLA for a decode step -> [B, H, v_dim] (one token a sequence: the order
-        mla_attention returns); None leaves the step to torch. Shapes as mla_attention's."""
+        mla_attention returns); None leaves the step to torch. Shapes as mla_attention's;
+        `latent_grid` (a LatentGrid): W_UK and W_UV read from grid weights instead."""
         storage = getattr(pool, "storage", None)
         dequant_factors = getattr(pool, "dequant_factors", None)
-        if (
-            not meta.decode_only
-            or storage is None
-            or dequant_factors is None
-            or not mla_kernel.supports(q_nope, q_rope, kv_b_weight, storage[layer])
-        ):
+        if not meta.decode_only or storage is None or dequant_factors is None:
+            return None
+        grid = latent_grid is not None and latent_grid.fits(
+            dims.num_heads, dims.nope_dim, dims.v_dim, dims.lora_rank
+        )
+        if not mla_kernel.supports(q_nope, q_rope, None if grid else kv_b_weight, storage[layer]):
             return None
         # The pool's own write: it calibrates FP8 scales on a layer's first write, and
         # the factors are read after it.
         pool.write(layer, latent, k_rope, meta.slot_mapping)
-        return mla_kernel.mla_decode(
-            q_nope,
-            q_rope,
-            kv_b_weight,
-            storage[layer],
-            meta.context_slots,
-            meta.context_lengths(),
-            *dequant_factors(layer),
-            softmax_scale,
-        )
+        args = (storage[layer], meta.context_slots, meta.context_lengths())
+        factors = (*dequant_factors(layer), softmax_scale)
+        if grid:
+            return mla_kernel.mla_decode_grid(q_nope, q_rope, latent_grid, *args, *factors)
+        return mla_kernel.mla_decode(q_nope, q_rope, kv_b_weight, *args, *factors)

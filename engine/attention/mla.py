@@ -76,13 +76,16 @@ def mla_attention(
     softmax_scale: float,
     path: str = "auto",
     backend=None,
+    latent_grid=None,
 ) -> torch.Tensor:
     """Write this step's latents, attend over each sequence's context; returns [T, H, v_dim].
 
     q_nope [T, H, nope], q_rope [T, H, rope] (rotated), latent [T, lora_rank]
     (normalised), k_rope [T, rope] (rotated), kv_b_weight [H*(nope+v), lora_rank].
     An attention backend with an `mla_decode` method (the Triton and CPU ones) takes
-    absorbed decode steps; it returns None for steps it leaves to torch.
+    absorbed decode steps; it returns None for steps it leaves to torch. `latent_grid`
+    (engine/cpu_kernels/mla_decode.py's LatentGrid, CPU only) offers it W_UK and W_UV
+    as grid weights in place of kv_b_weight's halves.
     """
     if path not in PATHS:
         raise ValueError(f"MLA path {path!r}: use one of {PATHS}")
@@ -91,7 +94,7 @@ def mla_attention(
     kernel = getattr(backend, "mla_decode", None)
     if kernel is not None and path == "absorbed" and meta.decode_only:
         args = (q_nope, q_rope, latent, k_rope, kv_b_weight, pool, meta, dims, softmax_scale)
-        out = kernel(layer, *args)
+        out = kernel(layer, *args) if latent_grid is None else kernel(layer, *args, latent_grid)
         if out is not None:
             return out
     pool.write(layer, latent, k_rope, meta.slot_mapping)

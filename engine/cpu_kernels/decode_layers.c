@@ -13,14 +13,6 @@
 #include "simd.h"
 
 typedef struct {
-    const uint8_t *codes;
-    const uint8_t *scales;
-    const float *bias; /* float32 or NULL */
-    int64_t rows;
-    int64_t format; /* grid_formats.h */
-} GridWeightRef;
-
-typedef struct {
     const uint16_t *input_norm, *post_norm; /* bf16 [hidden] */
     GridWeightRef qkv, o, gate_up, down;
     uint8_t *kv;                            /* this layer's [slots, 2, kv_heads, head_dim] */
@@ -39,15 +31,6 @@ static int product(const GridWeightRef *w, const uint16_t *x, int64_t rows, int6
                    int threads) {
     return grid_matmul(x, 1, rows, k, w->codes, w->scales, (int)w->format, w->rows, w->bias, out,
                        1, threads);
-}
-
-static void add_into(uint16_t *x, const uint16_t *y, int64_t n) {
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = tail_mask(n - i);
-        const __m512 a = bf16x16_load_masked(x + i, m);
-        const __m512 b = bf16x16_load_masked(y + i, m);
-        _mm256_mask_storeu_epi16(x + i, m, bf16x16_from(_mm512_add_ps(a, b)));
-    }
 }
 
 /* x [tokens, hidden] bf16: the residual stream, updated in place through all layers.
@@ -86,7 +69,7 @@ int decode_layers(const DecodeModel *m, const DecodeLayer *layers, int64_t count
         status |= product(&ly->gate_up, h, tokens, H, gu, threads);
         silu_mul(gu, act, tokens, I, threads);
         status |= product(&ly->down, act, tokens, I, o, threads);
-        add_into(x, o, tokens * H);
+        bf16_add_into(x, o, tokens * H);
     }
     free(h), free(qkv), free(q), free(attn), free(o), free(gu), free(act);
     return status ? -1 : 0;

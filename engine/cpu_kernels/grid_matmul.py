@@ -9,6 +9,7 @@ the K-quants'.
 
 from __future__ import annotations
 
+import ctypes
 from enum import IntEnum
 
 import torch
@@ -42,6 +43,27 @@ class GridFormat(IntEnum):
     def block(self) -> int:
         """Values along a row that share scales: a row is whole blocks."""
         return GROUP if self in (GridFormat.U4, GridFormat.U8) else SUPER_BLOCK
+
+
+class GridWeightRef(ctypes.Structure):
+    """kernels.h's GridWeightRef: one grid weight as the composing kernels take it."""
+
+    _fields_ = [
+        ("codes", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("rows", ctypes.c_int64),
+        ("format", ctypes.c_int64),
+    ]
+
+    @classmethod
+    def of(cls, packed) -> GridWeightRef:
+        """From a GridWeight (engine/layers/cpu_grid_weights.py): pointers into its tensors,
+        which must outlive the reference."""
+        bias = packed.bias.data_ptr() if packed.bias is not None else None
+        return cls(
+            packed.codes.data_ptr(), packed.scales.data_ptr(), bias, packed.rows, int(packed.format)
+        )
 
 
 def pad_rows(tensor: torch.Tensor) -> torch.Tensor:

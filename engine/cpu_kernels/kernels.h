@@ -6,6 +6,24 @@
 /* How a KV cache stores its values. */
 enum { KV_FLOAT32 = 0, KV_BF16 = 1, KV_FP8 = 2 };
 
+/* One grid weight (grid_formats.h) as a composing kernel passes it to grid_matmul. */
+typedef struct {
+    const uint8_t *codes;
+    const uint8_t *scales;
+    const float *bias; /* float32 or NULL */
+    int64_t rows;
+    int64_t format; /* grid_formats.h */
+} GridWeightRef;
+
+/* One routed expert's packed weights: gate_up [2 * I, H] (gate rows, then up rows)
+   and down [H, I], in the layouts of grid_formats.h. */
+typedef struct {
+    const uint8_t *gate_up_codes;
+    const uint8_t *gate_up_scales;
+    const uint8_t *down_codes;
+    const uint8_t *down_scales;
+} MoeExpert;
+
 int grid_matmul(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *weight,
                 const uint8_t *scales, int fmt, int64_t N, const float *bias, void *out,
                 int out_bf16, int threads);
@@ -21,6 +39,9 @@ int mla_decode(const void *q_nope, const void *q_rope, int64_t nope_stride_b, in
                const uint8_t *rows, int kv_kind, const int64_t *slots, const int64_t *lens,
                int64_t B, int64_t L, int64_t H, int64_t nope, int64_t rope, int64_t v, int64_t r,
                float latent_factor, float rope_factor, float softmax_scale, void *out, int threads);
+int moe_experts(const uint16_t *x, int64_t T, int64_t H, int64_t I, const int64_t *ids,
+                const float *weights, int64_t k, const MoeExpert *experts, int64_t E,
+                int gate_up_fmt, int down_fmt, uint16_t *out, int threads);
 int rms_norm(const uint16_t *x, uint16_t *residual, const uint16_t *weight, float eps,
              uint16_t *out, int64_t rows, int64_t hidden, int threads);
 int silu_mul(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width, int threads);

@@ -77,29 +77,11 @@ int silu_mul(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width
     return 0;
 }
 
-/* One stage of the transform inside a 16-lane vector: lanes j and j^h become
-   (a + b, a - b), as t + sign * x with t the partner lane. */
-static inline __m512 butterfly_in_vector(__m512 x, int h) {
-    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512 partner = _mm512_permutexvar_ps(_mm512_xor_si512(lane, _mm512_set1_epi32(h)), x);
-    const __mmask16 high = _mm512_test_epi32_mask(lane, _mm512_set1_epi32(h));
-    return _mm512_mask_sub_ps(_mm512_add_ps(partner, x), high, partner, x);
-}
-
 static void hadamard_block(uint16_t *values, int64_t block, float norm) {
     __m512 v[64]; /* block <= 1024 */
     const int64_t n = block / 16;
-    for (int64_t i = 0; i < n; i++) {
-        v[i] = bf16x16_load(values + 16 * i);
-        for (int h = 1; h < 16; h *= 2) v[i] = butterfly_in_vector(v[i], h);
-    }
-    for (int64_t h = 1; h < n; h *= 2)
-        for (int64_t i = 0; i < n; i += 2 * h)
-            for (int64_t j = i; j < i + h; j++) {
-                const __m512 a = v[j], b = v[j + h];
-                v[j] = _mm512_add_ps(a, b);
-                v[j + h] = _mm512_sub_ps(a, b);
-            }
+    for (int64_t i = 0; i < n; i++) v[i] = bf16x16_load(values + 16 * i);
+    hadamard_vectors(v, n);
     for (int64_t i = 0; i < n; i++)
         _mm256_storeu_si256((__m256i *)(values + 16 * i),
                             bf16x16_from(_mm512_mul_ps(v[i], _mm512_set1_ps(norm))));

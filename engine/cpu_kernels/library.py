@@ -48,6 +48,11 @@ _SIGNATURES = {
     "grid_matmul": [_PTR, _INT, _I64, _I64, _PTR, _PTR, _INT, _I64, _PTR, _PTR, _INT, _INT],
     # codes, scales, format, K, N, out (bf16), threads
     "grid_dequantize": [_PTR, _PTR, _INT, _I64, _I64, _PTR, _INT],
+    # routing, x, T, hidden, ids, weights
+    "moe_route": [_PTR, _PTR, _I64, _I64, _PTR, _PTR],
+    # routing, x, T, hidden, intermediate, experts, gate_up_format, down_format, shared
+    # gate_up, shared down, shared intermediate, out, threads
+    "moe_block": [_PTR, _PTR, _I64, _I64, _I64, _PTR, _INT, _INT, _PTR, _PTR, _I64, _PTR, _INT],
     # x, T, hidden, intermediate, ids, weights, top_k, experts, num_experts, gate_up_format,
     # down_format, out, threads
     "moe_experts": [
@@ -82,6 +87,14 @@ _SIGNATURES = {
     "mla_decode": [
         *(_PTR, _PTR, _I64, _I64, _I64, _I64, _INT, _PTR, _PTR, _INT, _PTR, _PTR),
         *(_I64, _I64, _I64, _I64, _I64, _I64, _I64, _FLOAT, _FLOAT, _FLOAT, _PTR, _INT),
+    ],
+    # q_nope, q_rope, nope strides (b, h), rope strides (b, h), bf16, k_b codes, scales,
+    # format, v_b codes, scales, format, gain, block, rows, kv_kind, slots, lens, B, L, H,
+    # nope, rope, v, r, latent_factor, rope_factor, softmax_scale, out, threads
+    "mla_decode_grid": [
+        *(_PTR, _PTR, _I64, _I64, _I64, _I64, _INT, _PTR, _PTR, _INT, _PTR, _PTR, _INT),
+        *(_PTR, _I64, _PTR, _INT, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64),
+        *(_FLOAT, _FLOAT, _FLOAT, _PTR, _INT),
     ],
     # k, v, in_bf16, tokens, heads, D, k_stride, v_stride, slots, storage, kind,
     # k_scale, v_scale, threads

@@ -25,15 +25,7 @@
 #include <string.h>
 
 #include "grid_tiles.h"
-
-/* One routed expert's packed weights: gate_up [2 * I, H] (gate rows, then up rows)
-   and down [H, I], in the layouts of grid_formats.h. */
-typedef struct {
-    const uint8_t *gate_up_codes;
-    const uint8_t *gate_up_scales;
-    const uint8_t *down_codes;
-    const uint8_t *down_scales;
-} MoeExpert;
+#include "kernels.h"
 
 /* Gate and up tiles 2j, 2j + 1 of one expert for `rows` pairs, then SwiGLU and
    int8 quantization of intermediate group j of each pair. */

@@ -89,4 +89,36 @@ static inline __m512 reduce16(const __m512 *a) {
     const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     return _mm512_permutexvar_ps(order, g);
 }
+/* x[0, n) = bf16(x + y), bfloat16 vectors: a residual add rounded once. */
+static inline void bf16_add_into(uint16_t *x, const uint16_t *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 a = bf16x16_load_masked(x + i, m);
+        const __m512 b = bf16x16_load_masked(y + i, m);
+        _mm256_mask_storeu_epi16(x + i, m, bf16x16_from(_mm512_add_ps(a, b)));
+    }
+}
+
+/* One stage of the transform inside a 16-lane vector: lanes j and j^h become
+   (a + b, a - b), as t + sign * x with t the partner lane. */
+static inline __m512 butterfly_in_vector(__m512 x, int h) {
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512 partner = _mm512_permutexvar_ps(_mm512_xor_si512(lane, _mm512_set1_epi32(h)), x);
+    const __mmask16 high = _mm512_test_epi32_mask(lane, _mm512_set1_epi32(h));
+    return _mm512_mask_sub_ps(_mm512_add_ps(partner, x), high, partner, x);
+}
+
+/* The Walsh-Hadamard transform (Sylvester order, unnormalised) of the 16 * n values
+   in v[0..n), n a power of two: the stages inside each vector, then across them. */
+static inline void hadamard_vectors(__m512 *v, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        for (int h = 1; h < 16; h *= 2) v[i] = butterfly_in_vector(v[i], h);
+    for (int64_t h = 1; h < n; h *= 2)
+        for (int64_t i = 0; i < n; i += 2 * h)
+            for (int64_t j = i; j < i + h; j++) {
+                const __m512 a = v[j], b = v[j + h];
+                v[j] = _mm512_add_ps(a, b);
+                v[j + h] = _mm512_sub_ps(a, b);
+            }
+}
 #endif

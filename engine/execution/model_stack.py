@@ -33,6 +33,7 @@ from engine.kv.scales import apply_fixed_scales, read_scales_file, resolve_rotat
 from engine.kv.sizing import KVLayout, capacity_tokens, kv_bytes_per_token
 from engine.layers.batch_invariant import make_linear_layers_batch_invariant
 from engine.layers.cpu_grid_weights import pack_grid_weights
+from engine.layers.cpu_moe_block import use_cpu_moe_blocks
 from engine.layers.cpu_moe_experts import use_cpu_moe_experts
 from engine.layers.cpu_weight_quantization import quantize_dense_layers
 from engine.layers.layer_ops import CPU_LAYER_OPS
@@ -270,6 +271,7 @@ def _use_cpu_layer_kernels(model: torch.nn.Module, fuse_decode: bool) -> None:
     routed["fused decode"] = int(fused is not None)
     if fuse_decode:
         routed["fused MoE experts"] = use_cpu_moe_experts(model)
+        routed["fused MoE layers"] = use_cpu_moe_blocks(model)
     log.info("CPU layer kernels: %s", ", ".join(f"{n} {k}" for k, n in routed.items()))
 
 

@@ -100,6 +100,8 @@ class SparseMoE(nn.Module):
     fused = None  # the stacked experts for the fused GPU kernel (use_fused_kernel)
     # All routed experts in one C call on CPU (engine/layers/cpu_moe_experts.py), set at load.
     cpu_experts = None
+    # The whole layer for decode rows in one C call on CPU (engine/layers/cpu_moe_block.py).
+    cpu_block = None
 
     def use_fused_kernel(self) -> bool:
         """Stack this rank's experts for the fused MoE kernel (GPU); False when they
@@ -117,6 +119,8 @@ class SparseMoE(nn.Module):
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cpu_block is not None and self.cpu_block.takes(x):
+            return parallel.all_reduce(self.cpu_block.run(x))
         weights, expert_ids = self.gate(x)
         if self.fused is not None and _fused_kernel_runs_on(x):
             from engine.gpu_kernels.fused_moe import fused_moe

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from engine.attention.cpu_backend import CPUAttentionBackend
+from engine.cpu_kernels.grid_matmul import GridWeightRef
 from engine.cpu_kernels.library import library
 from engine.cpu_kernels.paged_decode import KV_KINDS, supports
 from engine.kv.rotation import HadamardRotation
@@ -29,18 +30,14 @@ from engine.models.decoder import GatedMLP, GQAAttention, LlamaModel, PreNormDec
 _PTR, _I64, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
-class _GridRef(ctypes.Structure):
-    _fields_ = [("codes", _PTR), ("scales", _PTR), ("bias", _PTR), ("rows", _I64), ("format", _I64)]
-
-
 class _Layer(ctypes.Structure):
     _fields_ = [
         ("input_norm", _PTR),
         ("post_norm", _PTR),
-        ("qkv", _GridRef),
-        ("o", _GridRef),
-        ("gate_up", _GridRef),
-        ("down", _GridRef),
+        ("qkv", GridWeightRef),
+        ("o", GridWeightRef),
+        ("gate_up", GridWeightRef),
+        ("down", GridWeightRef),
         ("kv", _PTR),
         ("k_scale", _PTR),
         ("v_scale", _PTR),
@@ -91,13 +88,6 @@ def _fusable(layer, first_layer) -> bool:
         and shape == (first.num_heads, first.num_kv_heads, first.head_dim, first.scale)
         and rotation_ok
         and _grid(attn.qkv_proj).rows == (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim
-    )
-
-
-def _ref(packed: GridWeight) -> _GridRef:
-    bias = packed.bias.data_ptr() if packed.bias is not None else None
-    return _GridRef(
-        packed.codes.data_ptr(), packed.scales.data_ptr(), bias, packed.rows, int(packed.format)
     )
 
 
@@ -152,10 +142,10 @@ class FusedDecode:
             array[index] = _Layer(
                 layer.input_layernorm.weight.data_ptr(),
                 layer.post_attention_layernorm.weight.data_ptr(),
-                _ref(_grid(attn.qkv_proj)),
-                _ref(_grid(attn.o_proj)),
-                _ref(_grid(mlp.gate_up_proj)),
-                _ref(_grid(mlp.down_proj)),
+                GridWeightRef.of(_grid(attn.qkv_proj)),
+                GridWeightRef.of(_grid(attn.o_proj)),
+                GridWeightRef.of(_grid(mlp.gate_up_proj)),
+                GridWeightRef.of(_grid(mlp.down_proj)),
                 pool.storage[index].data_ptr(),
                 k_scale.data_ptr(),
                 v_scale.data_ptr(),

@@ -32,6 +32,7 @@ from torch import nn
 
 from engine.attention.mla import PATHS, MLADims, mla_attention
 from engine.collectives import parallel
+from engine.cpu_kernels.mla_decode import LatentGrid
 from engine.kv.mla_pool import MLALayout
 from engine.kv.rotation import HadamardRotation, rotate_input_columns
 from engine.layers.linear import ColumnParallelLinear, FusedLinear, RowParallelLinear, RowSlice
@@ -115,6 +116,16 @@ class MLAAttention(nn.Module):
         self.path = "auto"  # "absorbed" / "expanded" force one attention path (tests, benchmarks)
         self.rope_rotation: HadamardRotation | None = None
         self.latent_rotation: HadamardRotation | None = None
+        # W_UK / W_UV as a GGUF file's grid blocks, for the CPU decode kernel (set by
+        # engine/models/gguf_loader.py); kv_b_proj stays dense for every other path.
+        self.latent_grid: LatentGrid | None = None
+
+    def use_latent_grid(self, grid: LatentGrid) -> None:
+        """Decode steps read W_UK and W_UV from `grid` (unrotated, the gain not folded):
+        set before the KV rotation is enabled, which gives it the gain and rotation."""
+        if self.latent_rotation is not None:
+            raise RuntimeError("the latent grid goes in before the KV rotation is enabled")
+        self.latent_grid = grid
 
     def enable_kv_rotation(self, batch_invariant: bool = False) -> str:
         """Hadamard-rotate the cached latent and the rope key at run time, and fold the
@@ -137,6 +148,9 @@ class MLAAttention(nn.Module):
             self.latent_rotation = HadamardRotation(dims.lora_rank, batch_invariant)
             gain = self.kv_a_layernorm.weight.detach().float().clone()
             rotate_input_columns(self.kv_b_proj, 1, self.latent_rotation, column_scale=gain)
+            if self.latent_grid is not None:  # the same W diag(g) H, applied at run time
+                self.latent_grid.gain = gain
+                self.latent_grid.block = self.latent_rotation.block
             with torch.no_grad():
                 self.kv_a_layernorm.weight.fill_(1.0)
             self.rope_rotation = HadamardRotation(dims.rope_dim, batch_invariant)
@@ -182,6 +196,7 @@ class MLAAttention(nn.Module):
             self.scale,
             self.path,
             backend=ctx.backend,  # a backend with an MLA decode kernel takes decode steps
+            latent_grid=self.latent_grid,
         )
         return parallel.all_reduce(self.o_proj(out.flatten(1)))
 

@@ -31,6 +31,7 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
+from engine.cpu_kernels.mla_decode import LatentGrid
 from engine.layers.cpu_grid_weights import MAX_PACKED_ROWS, GridMethod, GridParts, GridWeight
 from engine.layers.linear import FusedLinear
 from engine.layers.linear_methods import DENSE, MethodLinear
@@ -83,6 +84,19 @@ class GGUFWeights:
             decode = decode_blocks if type_name in BLOCK_TYPES else decode_kquant_blocks
             parts.append(decode(rows, type_name, columns))
         return _join(parts)
+
+    def grid_tensor(self, source: str) -> GridWeight | None:
+        """A whole GGUF tensor (its row view) as a grid weight, or None when the file lacks
+        it or holds it in blocks the grid kernel does not multiply as they are."""
+        tensor = self.tensors.get(source)
+        if tensor is None:
+            return None
+        type_name = self._type_name(source)
+        if type_name not in BLOCK_TYPES and type_name not in KQUANT_TYPES:
+            return None
+        decode = decode_blocks if type_name in BLOCK_TYPES else decode_kquant_blocks
+        total, columns = row_view_shape(tuple(reversed(tensor.shape.tolist())))
+        return _grid_weight(decode(tensor.data.reshape(total, -1), type_name, columns))
 
     def dense(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor no layer holds packed, dequantized to float32, one at a time."""
@@ -168,6 +182,31 @@ def install_grid_layers(model: nn.Module, weights: GGUFWeights) -> set[str]:
         ", ".join(f"{n} layers {grid}" for grid, n in sorted(counts.items())) or "none",
     )
     return filled
+
+
+def install_latent_grids(model: nn.Module, weights: GGUFWeights) -> int:
+    """Give every MLA attention whose file holds `attn_k_b` and `attn_v_b` (W_UK^T and
+    W_UV per head, as current converters split kv_b) in grid blocks its LatentGrid: the
+    CPU decode kernel multiplies those blocks as they are, a Q4 file's at a quarter of
+    the bytes of kv_b_proj in BF16 (which stays, rebuilt dense, for prefill and the
+    other paths). Returns how many layers took one."""
+    count = 0
+    for index, layer in enumerate(getattr(model.model, "layers", ())):
+        attention = getattr(layer, "self_attn", None)
+        if not hasattr(attention, "latent_grid"):
+            continue
+        k_b = weights.grid_tensor(f"blk.{index}.attn_k_b.weight")
+        v_b = weights.grid_tensor(f"blk.{index}.attn_v_b.weight")
+        if k_b is None or v_b is None:
+            continue
+        grid = LatentGrid(k_b, v_b)
+        dims = attention.dims  # a tensor-parallel rank's heads are not the file's: no fit
+        if grid.fits(dims.num_heads, dims.nope_dim, dims.v_dim, dims.lora_rank):
+            attention.use_latent_grid(grid)
+            count += 1
+    if count:
+        log.info("MLA decode reads W_UK and W_UV as GGUF blocks in %d layers", count)
+    return count
 
 
 def _shard_order(layer: nn.Module, shards: dict) -> list | None:

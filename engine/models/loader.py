@@ -207,7 +207,12 @@ def _model_on_meta(cls, cfg: ModelConfig, dtype: torch.dtype) -> torch.nn.Module
 
 def _load_gguf_model(cls, cfg: ModelConfig, path: Path, dtype, device, grid_blocks: bool):
     """The model with its weights read from the GGUF file (engine/models/gguf_loader.py)."""
-    from engine.models.gguf_loader import GGUFWeights, attach_biases, install_grid_layers
+    from engine.models.gguf_loader import (
+        GGUFWeights,
+        attach_biases,
+        install_grid_layers,
+        install_latent_grids,
+    )
 
     model = _model_on_meta(cls, cfg, dtype)
     weights = GGUFWeights(path)
@@ -215,6 +220,8 @@ def _load_gguf_model(cls, cfg: ModelConfig, path: Path, dtype, device, grid_bloc
     materialize_parameters(model, device)
     model.load_weights(weights.dense(), filled=filled)
     attach_biases(model)
+    if grid_blocks:
+        install_latent_grids(model, weights)
     model.to(device=device)
     model.eval()
     log.info("loaded %s (%s) from %s", cfg.architecture, path.resolve(), path.name)

@@ -21,6 +21,7 @@ import torch
 from engine.cpu_kernels import library
 from engine.layers.cpu_grid_weights import grid_weight_of, pack_grid_weights
 from engine.layers.cpu_matrix_path import use_matrix_path
+from engine.layers.cpu_moe_block import CpuMoEBlock
 from engine.layers.cpu_moe_experts import CpuMoeExperts
 from engine.layers.layer_ops import CPU_LAYER_OPS
 from engine.layers.linear_methods import DENSE
@@ -163,17 +164,18 @@ def test_a_model_decodes_the_same_with_the_fused_experts_on_and_off(family, tmp_
     llm = LLM(str(path), dtype="bfloat16", kv_cache_dtype="bf16", kv_memory=0.01)
     blocks = [m for m in llm.engine.model.modules() if isinstance(m, SparseMoE)]
     assert blocks and all(b.cpu_experts is not None for b in blocks)
-    calls = count_calls(monkeypatch, CpuMoeExperts, "run")
+    calls = count_calls(monkeypatch, CpuMoeExperts, "run")  # prefill
+    calls_as_layer = count_calls(monkeypatch, CpuMoEBlock, "run")  # decode steps, the layer whole
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(2, 250, (n,), generator=gen).tolist() for n in (12, 30, 45)]
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=2)
     fused = [o.outputs[0] for o in llm.generate(prompts, params)]
-    assert len(calls) >= 16 * len(blocks)  # the prefill and every decode step
+    assert calls and len(calls) + len(calls_as_layer) >= 16 * len(blocks)  # every step
     sequences = [p + o.token_ids for p, o in zip(prompts, fused, strict=True)]
     # Prefill the prompt, decode the 16 generated tokens: both kinds of step.
     fused_logits = [llm.prompt_logits(s, decode_last=16) for s in sequences]
     for block in blocks:
-        block.cpu_experts = None
+        block.cpu_experts = block.cpu_block = None
     llm.engine.prefix_cache.clear()  # recompute the prompts too
     loop = [o.outputs[0] for o in llm.generate(prompts, params)]
     loop_logits = [llm.prompt_logits(s, decode_last=16) for s in sequences]

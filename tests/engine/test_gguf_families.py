@@ -136,6 +136,21 @@ FAMILIES = {
     ),
 }
 
+# Families for one test each, outside the parametrized ones above: MLA widths the grid
+# decode takes (attn_k_b rows of 32 values, whole Q8_0 blocks; the tiny config's 16 are
+# left F16 by llama.cpp).
+MORE_FAMILIES = {
+    "deepseek_v3_wide": (
+        _with_routing_fields(
+            lambda d: build_deepseek_v3(
+                d, vocab_size=320, kv_lora_rank=32, qk_nope_head_dim=32, v_head_dim=16
+            )
+        ),
+        "deepseek2",
+        "gpt-2",
+    ),
+}
+
 
 @pytest.fixture(scope="session")
 def llama_cpp() -> Path:
@@ -159,7 +174,7 @@ class Family:
     """One family's original checkpoint and its GGUF files (built on first use)."""
 
     def __init__(self, name: str, root: Path, llama_cpp: Path):
-        build, self.architecture, self.pre = FAMILIES[name]
+        build, self.architecture, self.pre = {**FAMILIES, **MORE_FAMILIES}[name]
         self.name, self.root, self.llama_cpp = name, root, llama_cpp
         self.original = build(root / "original")
         self._files: dict[tuple, Path] = {}
@@ -438,6 +453,45 @@ def test_a_q8_0_file_read_directly_packs_what_its_float32_folder_packs(
     packed = [m for m in direct.engine.model.modules() if grid_weight_of(m) is not None]
     assert len(packed) >= 10 and all(m.weight.numel() == 0 for m in packed)
     assert torch.equal(direct.prompt_logits(PROMPT), folder.prompt_logits(PROMPT))
+
+
+# The grid path against the dense one on the same step: it quantizes the queries' nope part
+# and the latent output to int8 (test_mla_decode_grid.py), 0.5-0.9% of the largest output.
+GRID_STEP_TOL = 0.02
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3"])
+def test_mla_decode_multiplies_the_files_k_b_and_v_b_blocks(families, kv, tmp_path, monkeypatch):
+    """A deepseek2 file's attn_k_b and attn_v_b reach the MLA decode kernel as grid
+    weights, with the FP8 cache's gain and rotation applied at run time: every decode
+    step of a generation agrees with the dense kernel on kv_b_proj as the model holds it
+    (rebuilt from the same blocks, gain and rotation folded in). Logits are not compared:
+    the tiny MoE's routing turns a 1% difference into a different expert."""
+    from engine.cpu_kernels import mla_decode as mla_kernel
+    from engine.cpu_kernels.library import unavailable
+
+    if unavailable():
+        pytest.skip(f"CPU kernels: {unavailable()}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    llm = LLM(str(families("deepseek_v3_wide").gguf("q8_0")), dtype="bfloat16", kv_cache_dtype=kv)
+    attentions = [layer.self_attn for layer in llm.engine.model.model.layers]
+    assert all(attention.latent_grid is not None for attention in attentions)
+    assert all((a.latent_grid.block > 0) == (kv == "fp8_e4m3") for a in attentions)
+    by_grid = {id(a.latent_grid): a.kv_b_proj.weight for a in attentions}
+    grid_decode, errors = mla_kernel.mla_decode_grid, []
+
+    def checked(q_nope, q_rope, grid, *args):
+        got = grid_decode(q_nope, q_rope, grid, *args)
+        dense = by_grid[id(grid)].to(q_nope.dtype).contiguous()
+        want = mla_kernel.mla_decode(q_nope, q_rope, dense, *args).float()
+        errors.append(((got.float() - want).abs().max() / want.abs().max()).item())
+        return got
+
+    monkeypatch.setattr(mla_kernel, "mla_decode_grid", checked)
+    prompts = [[5, 17, 42, 99, 3, 250, 7, 61, 88, 130, 12], [33, 201, 4, 76] * 5]
+    llm.generate(prompts, SamplingParams(max_tokens=9, temperature=0, ignore_eos=True))
+    assert len(errors) >= 8 * len(attentions)  # every decode step of every layer
+    assert 0 < max(errors) <= GRID_STEP_TOL
 
 
 # --- plans without llama.cpp ------------------------------------------------------
