@@ -23,9 +23,12 @@ from tools.process.environment import is_secret_variable
 _PR_SET_DUMPABLE = 4
 # Variables that configure the agent, or name an agent socket the user's own git
 # signing needs (a commit signed outside the sandbox), rather than hold secrets.
+# Every RESIDENT_ variable the agent or its in-process engine reads after start-up
+# belongs here: the RESIDENT_ prefix alone counts as secret, and a setting dropped
+# here is silently ignored (RESIDENT_CACHE_DIR: the local engine's KV disk tier).
 CONFIG_NAMES = frozenset(
-    {"RESIDENT_DATA_DIR", "RESIDENT_CONFIG_DIR", "RESIDENT_NO_SANDBOX", "RESIDENT_CPU_KERNELS",
-     "SSH_AUTH_SOCK", "GPG_AGENT_INFO"}
+    {"RESIDENT_DATA_DIR", "RESIDENT_CONFIG_DIR", "RESIDENT_CACHE_DIR", "RESIDENT_NO_SANDBOX",
+     "RESIDENT_CPU_KERNELS", "SSH_AUTH_SOCK", "GPG_AGENT_INFO"}
 )  # fmt: skip
 
 

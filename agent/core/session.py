@@ -5,7 +5,8 @@ or `RESIDENT_DATA_DIR`): `meta.json`, `events.jsonl` (every event, appended
 as it happens) and `messages.jsonl` (the conversation, appended only when a
 turn completes). Both files are flushed and synced at turn ends, so a
 process killed mid-turn loses at most that partial turn; a torn last line
-from a kill is skipped on load.
+from a kill is left out on load and cut off before the next append, with a
+warning (agent/core/journal.py).
 
 `messages.jsonl` is a log of operations: `append` adds messages, `reset`
 replaces the whole conversation (compaction, undo).
@@ -25,6 +26,7 @@ from typing import IO, Any
 import platformdirs
 
 from agent.core.events import Event, SessionCompleted, TurnCompleted, parse_event
+from agent.core.journal import open_for_append, read_records
 
 DATA_DIR_ENV = "RESIDENT_DATA_DIR"
 
@@ -53,16 +55,7 @@ class SessionMeta:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    records = []
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                continue  # a line torn by a kill
-    return records
+    return [record for record in read_records(path) if isinstance(record, dict)]
 
 
 def _sync(handle: IO[str]) -> None:
@@ -86,7 +79,7 @@ class Session:
     def journal(self, event: Event) -> None:
         """An event sink: append now, make durable at turn and session ends."""
         if self._events is None:
-            self._events = (self.dir / "events.jsonl").open("a", encoding="utf-8")
+            self._events = open_for_append(self.dir / "events.jsonl")
         self._events.write(event.model_dump_json() + "\n")
         if isinstance(event, TurnCompleted | SessionCompleted):
             self.flush()
@@ -99,7 +92,7 @@ class Session:
 
     def _write_messages(self, record: dict[str, Any]) -> None:
         if self._messages is None:
-            self._messages = (self.dir / "messages.jsonl").open("a", encoding="utf-8")
+            self._messages = open_for_append(self.dir / "messages.jsonl")
         self._messages.write(json.dumps(record, ensure_ascii=False) + "\n")
         _sync(self._messages)
 

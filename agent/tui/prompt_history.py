@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from agent.core.journal import open_for_append, read_records
 from agent.core.session import data_dir
 
 HISTORY_FILE = "prompt_history.jsonl"
@@ -23,19 +24,11 @@ class PromptHistory:
         self._draft = ""
 
     def _load(self) -> list[str]:
-        try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
+        try:  # torn or undecodable lines (a kill mid-append) are left out, never fatal
+            values = read_records(self.path)
         except OSError:
             return []
-        entries = []
-        for line in lines[-self.limit :]:
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, str):
-                entries.append(value)
-        return entries
+        return [value for value in values if isinstance(value, str)][-self.limit :]
 
     def add(self, text: str) -> None:
         self._index = len(self.entries)
@@ -47,7 +40,7 @@ class PromptHistory:
         self._index = len(self.entries)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a", encoding="utf-8") as handle:
+            with open_for_append(self.path) as handle:
                 handle.write(json.dumps(text, ensure_ascii=False) + "\n")
         except OSError:
             pass  # history is a convenience; never fail a message over it

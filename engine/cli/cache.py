@@ -36,7 +36,7 @@ def cache_list(
     directory: str = typer.Option(None, "--dir", help=DIR_HELP),
 ) -> None:
     """Saved prefix KV, one line per engine state (model, KV dtype): pages, size, last use."""
-    from engine.kv.disk_tier import summary
+    from engine.kv.disk_files import summary
 
     root = _root(directory)
     entries = summary(root)
@@ -60,7 +60,7 @@ def cache_list(
 @cache_app.command("clear")
 def cache_clear(directory: str = typer.Option(None, "--dir", help=DIR_HELP)) -> None:
     """Delete all saved prefix KV (sessions and servers prefill again, then save anew)."""
-    from engine.kv.disk_tier import clear
+    from engine.kv.disk_files import clear
 
     root = _root(directory)
     typer.echo(f"freed {_size(clear(root))} in {root}")

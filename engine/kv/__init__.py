@@ -2,7 +2,7 @@
 mla_pool.py, chosen by pools.py), FP8 quantization and scales (quant.py, scales.py,
 calibration.py), the Hadamard rotation (rotation.py), sizing (sizing.py, dtypes.py),
 the prefix cache (radix.py) and its tiers (prefix_spill.py to host memory,
-host_tier.py; prefix_store.py to disk, disk_tier.py).
+host_tier.py; prefix_store.py to disk, disk_tier.py and its folder, disk_files.py).
 
 Importing the package imports nothing: its dtype table is read by the CLI
 without loading torch.

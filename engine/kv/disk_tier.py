@@ -22,25 +22,32 @@ A page file is MAGIC, a 4-byte header length, a JSON header (key, parent,
 depth, tokens, salt, payload size), the payload (the pool's bytes for that
 page across all layers) and a blake2b-256 of everything before it: a
 truncated or flipped file fails the check and is deleted, and the caller
-prefills instead. Files are written to a temporary name and renamed, so a
-reader never sees half a page. Recency is the file's mtime; a chain is
-touched with one timestamp, and eviction takes the oldest first and, among
-equals, the deepest, so a prefix loses its tail before its head.
+prefills instead. Nothing is trusted by its header alone: a read checks the
+whole file, and the scan a starting server makes (`saved_chains`) does too,
+removing and reporting damaged files and the pages their loss cuts off.
+Files are written to a temporary name and renamed, so a reader never sees
+half a page; engine/kv/disk_files.py removes the temporaries a crash or a
+full disk leaves, and keeps every byte under the root within the budget.
+Recency is the file's mtime; a chain is touched with one timestamp, and
+eviction takes the oldest first and, among equals, the deepest, so a prefix
+loses its tail before its head.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
-import shutil
 import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.kv.disk_files import SUFFIX, evict, page_depth, remove_stale_temporaries, write_atomic
+
+log = logging.getLogger(__name__)
 MAGIC = b"RKVPAGE1"
-SUFFIX = ".kvp"
 DIGEST = 32
 
 
@@ -114,38 +121,34 @@ def encode_page(record: PageRecord) -> bytes:
     return body + hashlib.blake2b(body, digest_size=DIGEST).digest()
 
 
-def decode_page(data: bytes, header_only: bool = False) -> PageRecord:
-    """The record in a page file; raises DamagedPage unless every byte checks out."""
+def decode_page(data: bytes) -> PageRecord:
+    """The record in a page file; raises DamagedPage unless every byte checks out: the
+    magic, the checksum over everything before it, a readable header, and a payload
+    exactly as long as the header says."""
     if len(data) < len(MAGIC) + 4 + DIGEST or not data.startswith(MAGIC):
         raise DamagedPage("not a page file (short or wrong magic)")
+    body, digest = data[:-DIGEST], data[-DIGEST:]
+    if hashlib.blake2b(body, digest_size=DIGEST).digest() != digest:
+        raise DamagedPage("checksum mismatch (truncated or altered)")
     (size,) = struct.unpack_from("<I", data, len(MAGIC))
     start = len(MAGIC) + 4
-    if not header_only:
-        body, digest = data[:-DIGEST], data[-DIGEST:]
-        if hashlib.blake2b(body, digest_size=DIGEST).digest() != digest:
-            raise DamagedPage("checksum mismatch (truncated or altered)")
+    payload = data[start + size : -DIGEST]
     try:
         header = json.loads(data[start : start + size])
-    except ValueError as err:
-        raise DamagedPage(f"unreadable header: {err}") from err
-    payload = b"" if header_only else data[start + size : -DIGEST]
-    if not header_only and len(payload) != header["payload_bytes"]:
+        record = PageRecord(
+            key=bytes.fromhex(header["key"]),
+            parent=bytes.fromhex(header["parent"]),
+            depth=int(header["depth"]),
+            tokens=[int(t) for t in header["tokens"]],
+            salt=str(header["salt"]),
+            payload=payload,
+        )
+        declared = int(header["payload_bytes"])
+    except (ValueError, KeyError, TypeError) as err:  # a checksummed file of another shape
+        raise DamagedPage(f"unreadable header: {err!r}") from err
+    if len(payload) != declared:
         raise DamagedPage("payload size differs from the header")
-    return PageRecord(
-        key=bytes.fromhex(header["key"]),
-        parent=bytes.fromhex(header["parent"]),
-        depth=int(header["depth"]),
-        tokens=list(header["tokens"]),
-        salt=header["salt"],
-        payload=payload,
-    )
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    return record
 
 
 class DiskTier:
@@ -161,12 +164,12 @@ class DiskTier:
     def write_meta(self, meta: dict) -> None:
         path = self.dir / "meta.json"
         if not path.is_file():
-            _write_atomic(path, json.dumps(meta, indent=1).encode())
+            write_atomic(path, json.dumps(meta, indent=1).encode())
 
     def put_scales(self, digest: str, scales: dict) -> None:
         path = self.dir / "scales" / f"{digest}.json"
         if not path.is_file():
-            _write_atomic(path, json.dumps(scales).encode())
+            write_atomic(path, json.dumps(scales).encode())
         os.utime(path)
 
     def scale_sets(self) -> list[tuple[str, dict]]:
@@ -193,7 +196,7 @@ class DiskTier:
         return self.page_path(depth, key).is_file()
 
     def put_page(self, record: PageRecord) -> None:
-        _write_atomic(self.page_path(record.depth, record.key), encode_page(record))
+        write_atomic(self.page_path(record.depth, record.key), encode_page(record))
 
     def get_page(self, depth: int, key: bytes, parent: bytes, tokens: list[int]) -> PageRecord:
         """The page at this place in the chain, checked; a damaged file is deleted.
@@ -204,15 +207,7 @@ class DiskTier:
         data = path.read_bytes()
         try:
             record = decode_page(data)
-            if (record.key, record.parent, record.depth, record.tokens) != (
-                key,
-                parent,
-                depth,
-                tokens,
-            ):
-                raise DamagedPage("the file belongs to another place in the chain")
-            if chain_keys(parent, tokens, len(tokens)) != [key]:
-                raise DamagedPage("the key does not follow from its parent and tokens")
+            _check_place(record, depth, key, parent, tokens)
         except DamagedPage:
             path.unlink(missing_ok=True)
             raise
@@ -227,93 +222,134 @@ class DiskTier:
             except FileNotFoundError:
                 pass
 
-    def page_headers(self) -> list[tuple[int, PageRecord]]:
-        """(mtime, header) of every readable page of this group, payloads left out."""
+    def recover(self) -> tuple[int, int]:
+        """When a tier opens: remove the temporaries that crashed or failed writes left
+        under the root (every engine's: they share the budget), say so, and meet the
+        budget. Returns (files removed, bytes freed)."""
+        count, freed = remove_stale_temporaries(self.root)
+        if count:
+            log.warning(
+                "KV disk tier %s: removed %d temporary file(s), %d bytes, left by "
+                "interrupted or failed writes",
+                self.root,
+                count,
+                freed,
+            )
+        try:
+            self.evict_to_budget()
+        except OSError as err:  # a read-only or vanished cache: reads may still work
+            log.warning("KV disk tier %s: could not meet its budget: %s", self.root, err)
+        return count, freed
+
+    def verified_pages(self) -> tuple[list[tuple[int, PageRecord]], set[bytes]]:
+        """Every page file of this engine read and checked whole (length, checksum, its
+        place in the chain agreeing with its name): ([(mtime, record without payload)],
+        keys of the damaged files, which are removed and reported in one line)."""
         folder = self.dir / "pages"
-        out = []
-        for path in folder.glob(f"*{SUFFIX}") if folder.is_dir() else []:
+        good, damaged, reasons = [], set(), set()
+        count = damaged_bytes = 0
+        for path in sorted(folder.glob(f"*{SUFFIX}")) if folder.is_dir() else []:
             try:
-                with path.open("rb") as f:
-                    head = f.read(len(MAGIC) + 4)
-                    (size,) = struct.unpack_from("<I", head, len(MAGIC))
-                    data = head + f.read(size) + b"\0" * DIGEST
-                out.append((path.stat().st_mtime_ns, decode_page(data, header_only=True)))
-            except (OSError, struct.error, DamagedPage, KeyError):
+                mtime = path.stat().st_mtime_ns
+                data = path.read_bytes()
+            except FileNotFoundError:
+                continue  # evicted or found damaged by another process meanwhile
+            except OSError as err:  # unreadable now is not damaged: left, never trusted
+                log.warning("KV disk tier: cannot read %s: %s", path, err)
                 continue
+            place = _name_place(path)
+            try:
+                record = decode_page(data)
+                if place is None:
+                    raise DamagedPage("not named for a place in a chain")
+                _check_place(record, *place, record.parent, record.tokens)
+            except DamagedPage as err:
+                path.unlink(missing_ok=True)
+                damaged.add(place[1] if place else b"")
+                count, damaged_bytes = count + 1, damaged_bytes + len(data)
+                reasons.add(str(err))
+                continue
+            record.payload = b""  # the scan keeps headers; a restore reads and checks again
+            good.append((mtime, record))
+        if count:
+            log.warning(
+                "KV disk tier %s: removed %d damaged page file(s), %d bytes (%s)",
+                self.dir,
+                count,
+                damaged_bytes,
+                "; ".join(sorted(reasons)),
+            )
+        return good, damaged
+
+    def saved_chains(self) -> list[tuple[list[int], str]]:
+        """The token sequences (and salts) of whole saved chains ending in a leaf, most
+        recently used first (what `resident serve` restores on start). Pages that follow
+        a missing page cannot be restored; those cut off by a damaged page just removed
+        are reported as such."""
+        headers, damaged = self.verified_pages()
+        by_key = {record.key: record for _, record in headers}
+        parents = {record.parent for _, record in headers}
+        leaves = sorted(
+            ((mtime, r) for mtime, r in headers if r.key not in parents),
+            key=lambda item: (-item[0], -item[1].depth),
+        )
+        out, whole = [], set()
+        for _, leaf in leaves:
+            chain, record = [], leaf
+            while record is not None and len(chain) <= leaf.depth:  # depth bounds a chain
+                chain.append(record)
+                record = by_key.get(record.parent)
+            chain.reverse()
+            if chain[0].depth != 0 or len(chain) != leaf.depth + 1:
+                continue  # a page missing further up: counted below
+            whole.update(r.key for r in chain)
+            out.append(([t for r in chain for t in r.tokens], leaf.salt))
+        _report_cut_off([r for _, r in headers if r.key not in whole], by_key, damaged)
         return out
 
     # ----- the budget -------------------------------------------------------------
     def evict_to_budget(self) -> int:
-        """Delete least recently used pages (of every group under the root) until the
-        files fit the budget; returns the number deleted."""
+        """Delete stale temporaries and least recently used pages (of every group under
+        the root) until every file there fits the budget; returns the pages deleted."""
         return evict(self.root, self.budget_bytes)
 
 
-def _page_files(root: Path) -> list[tuple[int, int, int, Path]]:
-    """(mtime, -depth, size, path) of every page file under `root`."""
-    files = []
-    for path in root.glob(f"*/pages/*{SUFFIX}") if root.is_dir() else []:
-        try:
-            st = path.stat()
-            depth = int(path.name.split("-", 1)[0])
-        except (OSError, ValueError):
-            continue
-        files.append((st.st_mtime_ns, -depth, st.st_size, path))
-    return files
+def _check_place(record: PageRecord, depth: int, key: bytes, parent: bytes, tokens) -> None:
+    """The record is the page at (depth, key) under `parent` holding `tokens`."""
+    if (record.key, record.parent, record.depth, record.tokens) != (key, parent, depth, tokens):
+        raise DamagedPage("the file belongs to another place in the chain")
+    if page_key(parent, tokens) != key:
+        raise DamagedPage("the key does not follow from its parent and tokens")
 
 
-def evict(root: Path, budget_bytes: int) -> int:
-    files = sorted(_page_files(root))
-    total = sum(size for _, _, size, _ in files)
-    removed = 0
-    for _, _, size, path in files:
-        if total <= budget_bytes:
-            break
-        path.unlink(missing_ok=True)
-        total -= size
-        removed += 1
-    return removed
+def _name_place(path: Path) -> tuple[int, bytes] | None:
+    """(depth, key) from a page file's name, `<depth>-<key hex>.kvp`."""
+    depth = page_depth(path)
+    try:
+        key = bytes.fromhex(path.name[: -len(SUFFIX)].split("-", 1)[1])
+    except (IndexError, ValueError):
+        return None
+    return (depth, key) if depth is not None else None
 
 
-def summary(root: Path) -> list[dict]:
-    """One entry per engine fingerprint: what it is, its pages, bytes and last use."""
-    out = []
-    for folder in sorted(root.iterdir()) if root.is_dir() else []:
-        if not folder.is_dir():
-            continue
-        files = _page_files_of(folder)
-        try:
-            meta = json.loads((folder / "meta.json").read_text())
-        except (OSError, ValueError):
-            meta = {}
-        out.append(
-            {
-                "engine": folder.name,
-                "model": meta.get("model", "?"),
-                "kv_cache_dtype": meta.get("kv_cache_dtype", "?"),
-                "page_size": meta.get("page_size"),
-                "pages": len(files),
-                "bytes": sum(size for _, size in files),
-                "last_used": max((mtime for mtime, _ in files), default=0) / 1e9,
-            }
+def _report_cut_off(orphans: list[PageRecord], by_key: dict, damaged: set[bytes]) -> None:
+    """Say how many saved pages cannot be restored because a page before them is gone:
+    a warning for those a damaged page cut off, a note for the rest (evicted parents,
+    or the tail of a pinned prefix spilled while its head stayed in memory)."""
+    cut, other = 0, 0
+    for record in orphans:
+        top, steps = record, 0
+        while top.parent in by_key and steps < len(by_key):
+            top, steps = by_key[top.parent], steps + 1
+        if top.parent in damaged:
+            cut += 1
+        else:
+            other += 1
+    if cut:
+        log.warning(
+            "KV disk tier: %d saved page(s) followed a damaged one and are not restored; "
+            "their prefixes restore up to the damage and prefill the rest",
+            cut,
         )
-    return out
-
-
-def _page_files_of(folder: Path) -> list[tuple[int, int]]:
-    out = []
-    for path in (folder / "pages").glob(f"*{SUFFIX}"):
-        try:
-            st = path.stat()
-        except OSError:
-            continue
-        out.append((st.st_mtime_ns, st.st_size))
-    return out
-
-
-def clear(root: Path) -> int:
-    """Delete every saved page and scale set; returns the bytes freed."""
-    freed = sum(size for *_, size, _ in _page_files(root))
-    if root.is_dir():
-        shutil.rmtree(root)
-    return freed
+    if other:
+        log.info("KV disk tier: %d saved page(s) follow a page not on disk; not restored", other)

@@ -231,9 +231,30 @@ class PrefixStore:
             except FileNotFoundError:
                 break
             except DamagedPage as err:
-                log.warning("saved KV page %d is damaged (%s); prefilling from there", depth, err)
+                later = self._pages_after(plan, depth)
+                log.warning(
+                    "saved KV page %d is damaged (%s) and was removed; the %d saved page(s) "
+                    "after it in this prefix are cut off; prefilling from there",
+                    depth,
+                    err,
+                    later,
+                )
+                break
+            except OSError as err:  # unreadable (EIO, permissions): not trusted, not removed
+                log.warning(
+                    "saved KV page %d cannot be read (%s); prefilling from there", depth, err
+                )
                 break
         return records
+
+    def _pages_after(self, plan: RestorePlan, depth: int) -> int:
+        """How many pages of the planned chain past `depth` are on disk in a row."""
+        count = 0
+        for later in range(depth + 1, len(plan.keys) - 1):
+            if not self.tier.has_page(later, plan.keys[later + 1]):
+                break
+            count += 1
+        return count
 
     def place(self, plan: RestorePlan | None, records: list[PageRecord]) -> int:
         """Copy checked pages into the pool and the tree; returns tokens placed. Engine
@@ -312,25 +333,9 @@ class PrefixStore:
 
     def saved_prefixes(self) -> list[tuple[list[int], str]]:
         """The token sequences (and salts) of saved chains ending in a leaf, most
-        recently used first (what `resident serve` restores on start)."""
-        headers = self.tier.page_headers()
-        by_key = {record.key: (mtime, record) for mtime, record in headers}
-        parents = {record.parent for _, record in headers}
-        leaves = sorted(
-            ((mtime, r) for mtime, r in headers if r.key not in parents),
-            key=lambda item: (-item[0], -item[1].depth),
-        )
-        out = []
-        for _, leaf in leaves:
-            chain, record = [], leaf
-            while record is not None:
-                chain.append(record)
-                record = by_key.get(record.parent, (0, None))[1]
-            chain.reverse()
-            if chain[0].depth != 0 or len(chain) != leaf.depth + 1:
-                continue  # a chain with a page missing in the middle cannot be restored
-            out.append(([t for r in chain for t in r.tokens], leaf.salt))
-        return out
+        recently used first (what `resident serve` restores on start); every page is
+        read and checked whole first, and what is damaged is removed and reported."""
+        return self.tier.saved_chains()
 
 
 def open_prefix_store(engine) -> PrefixStore | None:
@@ -345,7 +350,9 @@ def open_prefix_store(engine) -> PrefixStore | None:
         return None
 
     root = Path(engine.config.kv_disk_dir) if engine.config.kv_disk_dir else default_root()
-    return PrefixStore(engine, root, int(engine.config.kv_disk_gib * 1024**3))
+    store = PrefixStore(engine, root, int(engine.config.kv_disk_gib * 1024**3))
+    store.tier.recover()  # what a process killed mid-save, or a full disk, left behind
+    return store
 
 
 def cache_evict(engine, pages: int) -> bool:

@@ -8,7 +8,8 @@ import shutil
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.kv.disk_tier import DiskTier, PageRecord, evict, summary
+from engine.kv.disk_files import evict, summary
+from engine.kv.disk_tier import DiskTier, PageRecord
 
 PREFIX = list(range(3, 3 + 80))  # five full 16-token pages
 TAIL = [7, 8, 9]
