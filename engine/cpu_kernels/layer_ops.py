@@ -83,19 +83,22 @@ def rope_(
     rot_dim: int,
     interleaved: bool,
 ) -> None:
-    """Rotary embedding in place on x [tokens, heads, head_dim] (heads and dims contiguous).
+    """Rotary embedding in place on the first rot_dim values of each head of x [tokens,
+    heads, dims] (dims contiguous; heads at a fixed stride of at least dims, so MLA's
+    q_rope, the tail of each q head, is taken as it lies).
 
     cos and sin: float32 [max_positions, rot_dim / 2] tables; positions int64 [tokens].
     """
     _check(x, "rope")
-    tokens, heads, head_dim = x.shape
-    if x.stride(2) != 1 or x.stride(1) != head_dim:
-        raise ValueError("rope needs each token's heads contiguous")
+    tokens, heads, dims = x.shape
+    head_step = x.stride(1) if heads > 1 else dims  # the kernel's head_dim: head to head
+    if x.stride(2) != 1 or head_step < dims or rot_dim > dims:
+        raise ValueError("rope needs each head's values contiguous, heads apart")
     library().rope(
         x.data_ptr(),
         tokens,
         heads,
-        head_dim,
+        head_step,
         x.stride(0),
         positions.data_ptr(),
         cos.data_ptr(),

@@ -142,9 +142,14 @@ class CpuLayerOps(TorchLayerOps):
         rotary: RotaryTables,
         step_cache: dict | None,
     ) -> None:
-        # The kernel reads each token's heads as one contiguous block (q and k of a
-        # fused qkv are); MLA's q_rope, a strided slice of each head, is not.
-        if not (_bf16_cpu(x) and x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]):
+        # The kernel reads each head's values contiguous, heads at one stride: q and k of a
+        # fused qkv, and MLA's q_rope (the tail of each q head) as it lies.
+        if not (
+            _bf16_cpu(x)
+            and x.dim() == 3
+            and x.stride(2) == 1
+            and (x.stride(1) >= x.shape[2] or x.shape[1] == 1)
+        ):
             return super().rope_(x, positions, rotary, step_cache)
         positions = positions if positions.dtype == torch.int64 else positions.long()
         kernels.rope_(

@@ -87,8 +87,8 @@ def test_hadamard_matches_the_reference(dim):
 
 
 def test_what_the_kernels_do_not_take_runs_the_reference_exactly():
-    """Other dtypes, and layouts the kernels do not read (MLA's q_rope: a slice of each
-    head), go to torch: the same bits as the torch ops."""
+    """Other dtypes, and layouts the kernels do not read (values strided within a head),
+    go to torch: the same bits as the torch ops."""
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(4, 64, generator=gen)
     weight = torch.rand(64, generator=gen)
@@ -101,13 +101,25 @@ def test_what_the_kernels_do_not_take_runs_the_reference_exactly():
     assert torch.equal(CPU_LAYER_OPS.silu_mul(x), TORCH_LAYER_OPS.silu_mul(x))
     rotation = HadamardRotation(64)
     assert torch.equal(CPU_LAYER_OPS.hadamard(x, rotation), TORCH_LAYER_OPS.hadamard(x, rotation))
-    rotary = _rotary(32, interleaved=True)
     q = torch.randn(3, 4, 96, generator=gen).bfloat16()
     positions = torch.tensor([1, 2, 3])
     got, want = q.clone(), q.clone()
-    CPU_LAYER_OPS.rope_(got[..., 64:], positions, rotary, None)
-    TORCH_LAYER_OPS.rope_(want[..., 64:], positions, rotary, None)
+    CPU_LAYER_OPS.rope_(got[..., 0::2][..., :16], positions, _rotary(16, True), None)
+    TORCH_LAYER_OPS.rope_(want[..., 0::2][..., :16], positions, _rotary(16, True), None)
     assert torch.equal(got, want)
+
+
+def test_mla_q_rope_the_tail_of_each_head_is_rotated_in_place_by_the_kernel():
+    """MLA's q_rope (the last values of each q head, a strided slice) is rotated where it
+    lies, as the kernel rotates a contiguous copy, and the rest of each head untouched."""
+    rotary = _rotary(32, interleaved=True)
+    q = torch.randn(3, 4, 96, generator=torch.Generator().manual_seed(2)).bfloat16()
+    positions = torch.tensor([1, 2, 3])
+    got, tail = q.clone(), q[..., 64:].contiguous()
+    CPU_LAYER_OPS.rope_(got[..., 64:], positions, rotary, None)
+    CPU_LAYER_OPS.rope_(tail, positions, rotary, None)
+    assert torch.equal(got[..., 64:], tail) and torch.equal(got[..., :64], q[..., :64])
+    assert not torch.equal(tail, q[..., 64:])
 
 
 def _replaced_methods(model) -> list[str]:
