@@ -39,6 +39,30 @@ int mla_decode(const void *q_nope, const void *q_rope, int64_t nope_stride_b, in
                const uint8_t *rows, int kv_kind, const int64_t *slots, const int64_t *lens,
                int64_t B, int64_t L, int64_t H, int64_t nope, int64_t rope, int64_t v, int64_t r,
                float latent_factor, float rope_factor, float softmax_scale, void *out, int threads);
+/* engine/layers/moe_routing.py's RoutingConfig, with the router's weights (moe_block.c). */
+typedef struct {
+    int64_t experts, top_k, groups, top_groups;
+    int64_t scoring, ranking, normalize;
+    float scaling;
+    const float *router; /* [experts, hidden] float32 */
+    const float *bias;   /* [experts] float32 (the correction bias), or NULL */
+} MoeRouting;
+
+int moe_block(const MoeRouting *r, const uint16_t *x, int64_t T, int64_t H, int64_t I,
+              const MoeExpert *experts, int gate_up_fmt, int down_fmt,
+              const GridWeightRef *shared_gate_up, const GridWeightRef *shared_down, int64_t S,
+              uint16_t *out, int threads);
+int mla_decode_grid(const void *q_nope, const void *q_rope, int64_t nope_stride_b,
+                    int64_t nope_stride_h, int64_t rope_stride_b, int64_t rope_stride_h, int bf16,
+                    const uint8_t *kb_codes, const uint8_t *kb_scales, int kb_fmt,
+                    const uint8_t *vb_codes, const uint8_t *vb_scales, int vb_fmt,
+                    const float *gain, int64_t block, const uint8_t *rows, int kv_kind,
+                    const int64_t *slots, const int64_t *lens, int64_t B, int64_t L, int64_t H,
+                    int64_t nope, int64_t rope, int64_t v, int64_t r, float latent_factor,
+                    float rope_factor, float softmax_scale, void *out, int threads);
+int mla_write(const uint16_t *latent, const uint16_t *rope, int64_t tokens, int64_t r,
+              int64_t rope_dim, const int64_t *slots, uint8_t *storage, int kind,
+              float latent_scale, float rope_scale);
 int moe_experts(const uint16_t *x, int64_t T, int64_t H, int64_t I, const int64_t *ids,
                 const float *weights, int64_t k, const MoeExpert *experts, int64_t E,
                 int gate_up_fmt, int down_fmt, uint16_t *out, int threads);

@@ -71,3 +71,19 @@ int kv_write(const void *k, const void *v, int in_bf16, int64_t tokens, int64_t 
     }
     return 0;
 }
+
+/* MLA's cache rows (engine/kv/mla_pool.py write): latent [tokens, r] and rope key
+   [tokens, rope_dim], bf16 and contiguous, into storage rows [slots, r + rope_dim] of
+   `kind`, FP8 with one scale for each part. r and rope_dim multiples of 16. */
+int mla_write(const uint16_t *latent, const uint16_t *rope, int64_t tokens, int64_t r,
+              int64_t rope_dim, const int64_t *slots, uint8_t *storage, int kind,
+              float latent_scale, float rope_scale) {
+    const int64_t elem = kind == KV_FLOAT32 ? 4 : kind == KV_BF16 ? 2 : 1;
+    for (int64_t t = 0; t < tokens; t++) {
+        uint8_t *row = storage + slots[t] * (r + rope_dim) * elem;
+        write_row((const uint8_t *)(latent + t * r), 1, r, row, kind, latent_scale);
+        write_row((const uint8_t *)(rope + t * rope_dim), 1, rope_dim, row + r * elem, kind,
+                  rope_scale);
+    }
+    return 0;
+}

@@ -104,6 +104,9 @@ _SIGNATURES = {
     # model, layers, count, x, tokens, positions, slot_mapping, context_slots,
     # context_len, lens, threads
     "decode_layers": [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _INT],
+    # model, layers, count, x, tokens, positions, slot_mapping, context_slots,
+    # context_len, lens, mlp_width, threads
+    "decode_mla_layers": [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _INT],
     # x, rows, cols, out, threads
     "argmax_rows": [_PTR, _I64, _I64, _PTR, _INT],
     # x, residual, weight, eps, out, rows, hidden, threads

@@ -24,15 +24,6 @@
 enum { SCORE_SIGMOID = 0, SCORE_SOFTMAX = 1 };
 enum { RANK_NONE = 0, RANK_TOP2_SUM = 1, RANK_MAX = 2 };
 
-/* engine/layers/moe_routing.py's RoutingConfig, with the router's weights. */
-typedef struct {
-    int64_t experts, top_k, groups, top_groups;
-    int64_t scoring, ranking, normalize;
-    float scaling;
-    const float *router; /* [experts, hidden] float32 */
-    const float *bias;   /* [experts] float32 (the correction bias), or NULL */
-} MoeRouting;
-
 /* logits[e] = x . router[e] over `hidden` values, x bf16. */
 static void router_logits(const MoeRouting *r, const uint16_t *x, int64_t hidden, float *logits) {
     for (int64_t e = 0; e < r->experts; e++) {

@@ -265,13 +265,13 @@ def _use_cpu_layer_kernels(model: torch.nn.Module, fuse_decode: bool) -> None:
     if cpu_kernels_unavailable():
         return
     routed = model.use_layer_ops(CPU_LAYER_OPS)
+    if fuse_decode:  # before the fused step, which takes each MoE layer's C form
+        routed["fused MoE experts"] = use_cpu_moe_experts(model)
+        routed["fused MoE layers"] = use_cpu_moe_blocks(model)
     fused = fused_decode_for(model) if fuse_decode else None
     if fused is not None:
         model.model.decode_step = fused
     routed["fused decode"] = int(fused is not None)
-    if fuse_decode:
-        routed["fused MoE experts"] = use_cpu_moe_experts(model)
-        routed["fused MoE layers"] = use_cpu_moe_blocks(model)
     log.info("CPU layer kernels: %s", ", ".join(f"{n} {k}" for k, n in routed.items()))
 
 

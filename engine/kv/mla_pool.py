@@ -74,6 +74,9 @@ class MLALatentPool(PagedPoolBase):
         self.scale_source = scale_source if self.is_fp8 else "none"
         self._calibrated = [scale_source != "calibrate"] * layout.num_layers
         self._observed: tuple[torch.Tensor, torch.Tensor] | None = None
+        # Bumped whenever a scale changes: holders of the scales (a fused decode step's
+        # description of the layers) rebuild.
+        self.scales_version = 0
 
     granularity = "per_layer"
 
@@ -103,6 +106,14 @@ class MLALatentPool(PagedPoolBase):
         )
         self.scale_source = source
         self._calibrated = [True] * self.layout.num_layers
+        self.scales_version += 1
+
+    def writes_plainly(self, layer: int | None = None) -> bool:
+        """Whether `write` only stores (quantizes) rows, for a layer or all of them:
+        nothing left to calibrate and no maxima being observed. Always so for a BF16
+        or float32 cache."""
+        calibrated = all(self._calibrated) if layer is None else self._calibrated[layer]
+        return not self.is_fp8 or (calibrated and self._observed is None)
 
     def scales(self) -> dict[str, list[float]]:
         return {"latent": self.latent_scale.tolist(), "rope": self.rope_scale.tolist()}
@@ -117,6 +128,7 @@ class MLALatentPool(PagedPoolBase):
                 self.latent_scale[layer] = calibrate_scale(latent)
                 self.rope_scale[layer] = calibrate_scale(rope)
                 self._calibrated[layer] = True
+                self.scales_version += 1
             if self._observed is not None:
                 for seen, x in zip(self._observed, (latent, rope), strict=True):
                     seen[layer] = torch.maximum(seen[layer], observed_amax(x))

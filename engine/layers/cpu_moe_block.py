@@ -82,11 +82,12 @@ class CpuMoEBlock:
         self.routing = _routing(gate.routing, self._router, self._bias)
         self.experts = moe.cpu_experts
         self._shared = shared  # the references below point into these weights' tensors
+        # GridWeightRefs of the shared expert's weights (None: no shared expert)
         if shared is None:
-            self._gate_up = self._down = None
+            self.shared_gate_up = self.shared_down = None
             self.shared_intermediate = 0
         else:
-            self._gate_up, self._down = (GridWeightRef.of(w) for w in shared)
+            self.shared_gate_up, self.shared_down = (GridWeightRef.of(w) for w in shared)
             self.shared_intermediate = shared[0].rows // 2
 
     @classmethod
@@ -132,7 +133,7 @@ class CpuMoEBlock:
         x = x.contiguous()
         out = torch.empty_like(x)
         experts = self.experts
-        shared = self._gate_up is not None
+        shared = self.shared_gate_up is not None
         status = library().moe_block(
             ctypes.addressof(self.routing),
             x.data_ptr(),
@@ -142,8 +143,8 @@ class CpuMoEBlock:
             ctypes.addressof(experts.experts),
             experts.gate_up_format,
             experts.down_format,
-            ctypes.addressof(self._gate_up) if shared else None,
-            ctypes.addressof(self._down) if shared else None,
+            ctypes.addressof(self.shared_gate_up) if shared else None,
+            ctypes.addressof(self.shared_down) if shared else None,
             self.shared_intermediate,
             out.data_ptr(),
             torch.get_num_threads(),

@@ -195,9 +195,13 @@ class FusedDecode:
         return True
 
 
-def fused_decode_for(model: nn.Module) -> FusedDecode | None:
-    """The fused decode step for a model whose trunk is the Llama one, else None."""
+def fused_decode_for(model: nn.Module):
+    """The fused decode step for a model whose trunk is the Llama one (Llama-family layers,
+    or MLA layers: engine/models/cpu_mla_decode_step.py), else None."""
+    from engine.models.cpu_mla_decode_step import FusedMLADecode
+
     trunk = getattr(model, "model", None)
     if type(trunk) is not LlamaModel:
         return None
-    return FusedDecode.build(list(trunk.layers))
+    layers = list(trunk.layers)
+    return FusedDecode.build(layers) or FusedMLADecode.build(layers)

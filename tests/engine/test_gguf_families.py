@@ -46,6 +46,7 @@ from engine.testing.tokenizers import (
 )
 from engine.tokenizers.loading import load_tokenizer
 from tests.engine.checkpoints import reference_logits
+from tests.engine.test_cpu_mla_decode_step import WIDE_MLA
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA_CPP = Path(
@@ -136,16 +137,12 @@ FAMILIES = {
     ),
 }
 
-# Families for one test each, outside the parametrized ones above: MLA widths the grid
-# decode takes (attn_k_b rows of 32 values, whole Q8_0 blocks; the tiny config's 16 are
-# left F16 by llama.cpp).
+# Families for a few tests each, outside the parametrized ones above: MLA widths the grid
+# decode and the fused decode step take (attn_k_b rows of 32 values, whole Q8_0 blocks;
+# the tiny config's 16 are left F16 by llama.cpp).
 MORE_FAMILIES = {
     "deepseek_v3_wide": (
-        _with_routing_fields(
-            lambda d: build_deepseek_v3(
-                d, vocab_size=320, kv_lora_rank=32, qk_nope_head_dim=32, v_head_dim=16
-            )
-        ),
+        _with_routing_fields(lambda d: build_deepseek_v3(d, vocab_size=320, **WIDE_MLA)),
         "deepseek2",
         "gpt-2",
     ),
@@ -474,6 +471,7 @@ def test_mla_decode_multiplies_the_files_k_b_and_v_b_blocks(families, kv, tmp_pa
         pytest.skip(f"CPU kernels: {unavailable()}")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     llm = LLM(str(families("deepseek_v3_wide").gguf("q8_0")), dtype="bfloat16", kv_cache_dtype=kv)
+    llm.engine.model.model.decode_step = None  # the modules: the Python wrapper is called
     attentions = [layer.self_attn for layer in llm.engine.model.model.layers]
     assert all(attention.latent_grid is not None for attention in attentions)
     assert all((a.latent_grid.block > 0) == (kv == "fp8_e4m3") for a in attentions)
@@ -492,6 +490,21 @@ def test_mla_decode_multiplies_the_files_k_b_and_v_b_blocks(families, kv, tmp_pa
     llm.generate(prompts, SamplingParams(max_tokens=9, temperature=0, ignore_eos=True))
     assert len(errors) >= 8 * len(attentions)  # every decode step of every layer
     assert 0 < max(errors) <= GRID_STEP_TOL
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3"])
+def test_a_kimi_file_decodes_in_one_c_call_as_its_modules_do(families, kv, tmp_path, monkeypatch):
+    """The fused decode step (engine/models/cpu_mla_decode_step.py) on a file's blocks,
+    W_UK / W_UV as grid weights: the same logits, bit for bit, as the modules."""
+    from engine.cpu_kernels.library import unavailable
+    from tests.engine.test_cpu_mla_decode_step import fused_and_modules_agree
+
+    if unavailable():
+        pytest.skip(f"CPU kernels: {unavailable()}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    llm = LLM(str(families("deepseek_v3_wide").gguf("q8_0")), dtype="bfloat16", kv_cache_dtype=kv)
+    assert all(layer.self_attn.latent_grid is not None for layer in llm.engine.model.model.layers)
+    fused_and_modules_agree(llm, monkeypatch)
 
 
 # --- plans without llama.cpp ------------------------------------------------------

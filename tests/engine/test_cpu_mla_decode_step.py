@@ -1,0 +1,59 @@
+"""A DeepSeek V3 / Kimi decode step's layers in one C call (engine/models/
+cpu_mla_decode_step.py) against the modules it replaces: the same kernels in the same
+order, so the logits of every decode step are the same bits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.cpu_kernels import library
+from engine.models.cpu_mla_decode_step import FusedMLADecode
+from tests.engine.agreement import teacher_forced
+
+pytestmark = pytest.mark.skipif(
+    bool(library.unavailable()), reason=f"CPU kernels: {library.unavailable()}"
+)
+# MLA widths the C step takes (latent and rope key whole vectors of 16), MoE after layer 0.
+WIDE_MLA = dict(kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=16)
+SEQUENCES = [[5, 17, 42, 99, 3, 250, 7, 61, 88, 130, 12], [33, 201, 4, 76] * 5]
+
+
+@pytest.fixture(scope="module")
+def wide_deepseek_v3(tmp_path_factory):
+    from engine.testing.checkpoints import build_deepseek_v3
+
+    return build_deepseek_v3(tmp_path_factory.mktemp("mla_step") / "deepseek_v3", **WIDE_MLA)
+
+
+def fused_and_modules_agree(llm, monkeypatch) -> None:
+    """Teacher-forced logits with the fused step, then with the modules: the same bits,
+    and the fused step took every decode step."""
+    trunk = llm.engine.model.model
+    assert isinstance(trunk.decode_step, FusedMLADecode)
+    step, taken = trunk.decode_step, []
+    run = step.run
+    monkeypatch.setattr(step, "run", lambda *args: taken.append(run(*args)) or taken[-1])
+    fused = teacher_forced(llm, SEQUENCES, decoded=8)
+    assert taken.count(True) == 8 * len(SEQUENCES)  # every decode step; prefill declined
+    trunk.decode_step = None
+    modules = teacher_forced(llm, SEQUENCES, decoded=8)
+    assert torch.equal(fused, modules)
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3"])
+def test_the_fused_step_computes_what_the_modules_compute(wide_deepseek_v3, kv, monkeypatch):
+    """A BF16 checkpoint quantized at load (grid weights, a dense kv_b_proj), the MoE
+    layers' C call, the FP8 cache's rotations."""
+    from engine import LLM
+
+    llm = LLM(str(wide_deepseek_v3), dtype="bfloat16", kv_cache_dtype=kv, cpu_weights="q8_0")
+    fused_and_modules_agree(llm, monkeypatch)
+
+
+def test_layers_it_cannot_run_keep_the_modules(wide_deepseek_v3):
+    """Dense BF16 weights (no grid) leave the trunk to its modules."""
+    from engine import LLM
+
+    llm = LLM(str(wide_deepseek_v3), dtype="bfloat16", kv_cache_dtype="bf16")
+    assert llm.engine.model.model.decode_step is None
