@@ -1,11 +1,13 @@
-/* Every decoder layer of a Llama-family model for one decode step, in one call.
+/* Every decoder layer of a Llama-family model for one decode step, in one call, and
+   of the GLM-4.5 family (per-head q/k norms, MoE feed-forward layers).
 
    The same kernels, in the same order and with the same rounding points, as
    the per-module CPU path (engine/layers/cpu_fused.py): norm, qkv product,
-   rotary, Hadamard rotation, K/V write, paged attention, rotation back, o
-   product, residual add + norm, gate/up product, SwiGLU, down product,
-   residual add. What it removes is the Python between them: at 16 decode
-   rows of a 135M model that was a quarter of a step. */
+   q/k norms, rotary, Hadamard rotation, K/V write, paged attention, rotation
+   back, o product, residual add + norm, gate/up product, SwiGLU, down product
+   (or the MoE layer's C call, moe_block.c), residual add. What it removes is
+   the Python between them: at 16 decode rows of a 135M model that was a
+   quarter of a step. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,7 +16,12 @@
 
 typedef struct {
     const uint16_t *input_norm, *post_norm; /* bf16 [hidden] */
-    GridWeightRef qkv, o, gate_up, down;
+    const uint16_t *q_norm, *k_norm;        /* bf16 [head_dim] per-head norms, or NULL */
+    GridWeightRef qkv, o, gate_up, down;    /* gate_up/down: the dense MLP or the shared
+                                               expert (codes NULL: none) */
+    const MoeRouting *routing;              /* a MoE layer, or NULL: a dense MLP */
+    const MoeExpert *experts;
+    int64_t gate_up_format, down_format, expert_intermediate;
     uint8_t *kv;                            /* this layer's [slots, 2, kv_heads, head_dim] */
     const float *k_scale, *v_scale;         /* write scales [kv_heads] */
     const float *k_factor, *v_factor;       /* read factors [kv_heads] */
@@ -54,6 +61,12 @@ int decode_layers(const DecodeModel *m, const DecodeLayer *layers, int64_t count
         const DecodeLayer *ly = layers + l;
         rms_norm(x, NULL, ly->input_norm, m->eps, h, tokens, H, threads);
         status |= product(&ly->qkv, h, tokens, H, qkv, threads);
+        if (ly->q_norm) /* each head over its own D values, in place (read before written) */
+            for (int64_t t = 0; t < tokens; t++) {
+                rms_norm(qkv + t * width, NULL, ly->q_norm, m->eps, qkv + t * width, Hq, D, 1);
+                rms_norm(qkv + t * width + qd, NULL, ly->k_norm, m->eps, qkv + t * width + qd,
+                         Hkv, D, 1);
+            }
         rope(qkv, tokens, Hq + Hkv, D, width, positions, m->cos, m->sin, m->rot_dim,
              (int)m->interleaved, threads);
         if (m->hadamard_block) hadamard(qkv, tokens, width, width, m->hadamard_block, threads);
@@ -66,9 +79,17 @@ int decode_layers(const DecodeModel *m, const DecodeLayer *layers, int64_t count
         if (m->hadamard_block) hadamard(attn, tokens, qd, qd, m->hadamard_block, threads);
         status |= product(&ly->o, attn, tokens, qd, o, threads);
         rms_norm(o, x, ly->post_norm, m->eps, h, tokens, H, threads);
-        status |= product(&ly->gate_up, h, tokens, H, gu, threads);
-        silu_mul(gu, act, tokens, I, threads);
-        status |= product(&ly->down, act, tokens, I, o, threads);
+        if (ly->routing) {
+            const int shared = ly->gate_up.codes != NULL;
+            status |= moe_block(ly->routing, h, tokens, H, ly->expert_intermediate, ly->experts,
+                                (int)ly->gate_up_format, (int)ly->down_format,
+                                shared ? &ly->gate_up : NULL, shared ? &ly->down : NULL,
+                                ly->gate_up.rows / 2, o, threads);
+        } else {
+            status |= product(&ly->gate_up, h, tokens, H, gu, threads);
+            silu_mul(gu, act, tokens, ly->gate_up.rows / 2, threads);
+            status |= product(&ly->down, act, tokens, ly->gate_up.rows / 2, o, threads);
+        }
         bf16_add_into(x, o, tokens * H);
     }
     free(h), free(qkv), free(q), free(attn), free(o), free(gu), free(act);

@@ -25,7 +25,9 @@ from engine.cpu_kernels.library import library
 from engine.cpu_kernels.paged_decode import KV_KINDS, supports
 from engine.kv.rotation import HadamardRotation
 from engine.layers.cpu_grid_weights import GridWeight, grid_weight_of
+from engine.layers.moe import SparseMoE
 from engine.models.decoder import GatedMLP, GQAAttention, LlamaModel, PreNormDecoderLayer
+from engine.models.glm4_moe import Glm4MoeAttention
 
 _PTR, _I64, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
@@ -34,10 +36,17 @@ class _Layer(ctypes.Structure):
     _fields_ = [
         ("input_norm", _PTR),
         ("post_norm", _PTR),
+        ("q_norm", _PTR),
+        ("k_norm", _PTR),
         ("qkv", GridWeightRef),
         ("o", GridWeightRef),
         ("gate_up", GridWeightRef),
         ("down", GridWeightRef),
+        ("routing", _PTR),
+        ("experts", _PTR),
+        ("gate_up_format", _I64),
+        ("down_format", _I64),
+        ("expert_intermediate", _I64),
         ("kv", _PTR),
         ("k_scale", _PTR),
         ("v_scale", _PTR),
@@ -62,15 +71,33 @@ def _grid(linear: nn.Module) -> GridWeight | None:
     return packed if isinstance(packed, GridWeight) else None
 
 
+def _mlp_fusable(mlp) -> bool:
+    """A dense MLP of grid weights, or a MoE layer whose C form is installed."""
+    if isinstance(mlp, SparseMoE):
+        return mlp.cpu_block is not None
+    return type(mlp) is GatedMLP and all(
+        _grid(m) is not None for m in (mlp.gate_up_proj, mlp.down_proj)
+    )
+
+
+def _qk_norms(attn) -> tuple:
+    """GLM-4.5's per-head q and k norms, or (None, None)."""
+    return (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
+
+
 def _fusable(layer, first_layer) -> bool:
-    """A Llama-family layer with packed weights, shaped and rotated like the first one."""
+    """A Llama- or GLM-4.5-family layer with packed weights, shaped and rotated like the
+    first one."""
     if type(layer) is not PreNormDecoderLayer:
         return False
     attn, mlp, first = layer.self_attn, layer.mlp, first_layer.self_attn
-    if type(attn) is not GQAAttention or type(mlp) is not GatedMLP:
+    if type(attn) not in (GQAAttention, Glm4MoeAttention) or type(attn) is not type(first):
         return False
-    norms = (layer.input_layernorm, layer.post_attention_layernorm)
     eps = first_layer.input_layernorm.eps
+    qk_norms = [n for n in _qk_norms(attn) if n is not None]
+    if len(qk_norms) not in (0, 2) or bool(qk_norms) != (_qk_norms(first)[0] is not None):
+        return False
+    norms = (layer.input_layernorm, layer.post_attention_layernorm, *qk_norms)
     rotation, first_rotation = attn.kv_rotation, first.kv_rotation
     rotation_ok = (rotation is None and first_rotation is None) or (
         isinstance(rotation, HadamardRotation)
@@ -82,7 +109,7 @@ def _fusable(layer, first_layer) -> bool:
     shape = (attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale)
     return (
         all(_grid(m) is not None for m in (attn.qkv_proj, attn.o_proj))
-        and all(_grid(m) is not None for m in (mlp.gate_up_proj, mlp.down_proj))
+        and _mlp_fusable(mlp)
         and all(n.weight.dtype == torch.bfloat16 and n.eps == eps for n in norms)
         and attn.rotary is first.rotary
         and shape == (first.num_heads, first.num_kv_heads, first.head_dim, first.scale)
@@ -95,16 +122,25 @@ class FusedDecode:
     """The layers of one model, described for `decode_layers`; `run` takes a decode step."""
 
     def __init__(self, layers: list[PreNormDecoderLayer]):
-        attn, mlp = layers[0].self_attn, layers[0].mlp
+        attn = layers[0].self_attn
         rotation = attn.kv_rotation
         self.layers = layers
+        self.moe_blocks = [
+            layer.mlp.cpu_block for layer in layers if isinstance(layer.mlp, SparseMoE)
+        ]
+        # The scratch of the widest dense MLP (MoE layers keep their own).
+        dense = [
+            _grid(layer.mlp.gate_up_proj).rows // 2
+            for layer in layers
+            if type(layer.mlp) is GatedMLP
+        ]
         self.head_dim = attn.head_dim
         self.model = _Model(
             hidden=layers[0].input_layernorm.weight.numel(),
             q_heads=attn.num_heads,
             kv_heads=attn.num_kv_heads,
             head_dim=attn.head_dim,
-            intermediate=_grid(mlp.gate_up_proj).rows // 2,
+            intermediate=max(dense, default=1),
             rot_dim=attn.rotary.rotary_dim,
             interleaved=int(attn.rotary.interleaved),
             hadamard_block=rotation.block if rotation is not None else 0,
@@ -139,18 +175,36 @@ class FusedDecode:
         for index, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
             (k_scale, v_scale), (k_factor, v_factor) = scales[index]
+            q_norm, k_norm = _qk_norms(attn)
+            if isinstance(mlp, SparseMoE):
+                block = mlp.cpu_block
+                ffn = dict(
+                    routing=ctypes.addressof(block.routing),
+                    experts=ctypes.addressof(block.experts.experts),
+                    gate_up_format=int(block.experts.gate_up_format),
+                    down_format=int(block.experts.down_format),
+                    expert_intermediate=block.experts.intermediate,
+                    gate_up=block.shared_gate_up or GridWeightRef(),
+                    down=block.shared_down or GridWeightRef(),
+                )
+            else:
+                ffn = dict(
+                    gate_up=GridWeightRef.of(_grid(mlp.gate_up_proj)),
+                    down=GridWeightRef.of(_grid(mlp.down_proj)),
+                )
             array[index] = _Layer(
-                layer.input_layernorm.weight.data_ptr(),
-                layer.post_attention_layernorm.weight.data_ptr(),
-                GridWeightRef.of(_grid(attn.qkv_proj)),
-                GridWeightRef.of(_grid(attn.o_proj)),
-                GridWeightRef.of(_grid(mlp.gate_up_proj)),
-                GridWeightRef.of(_grid(mlp.down_proj)),
-                pool.storage[index].data_ptr(),
-                k_scale.data_ptr(),
-                v_scale.data_ptr(),
-                k_factor.data_ptr(),
-                v_factor.data_ptr(),
+                input_norm=layer.input_layernorm.weight.data_ptr(),
+                post_norm=layer.post_attention_layernorm.weight.data_ptr(),
+                q_norm=None if q_norm is None else q_norm.weight.data_ptr(),
+                k_norm=None if k_norm is None else k_norm.weight.data_ptr(),
+                qkv=GridWeightRef.of(_grid(attn.qkv_proj)),
+                o=GridWeightRef.of(_grid(attn.o_proj)),
+                kv=pool.storage[index].data_ptr(),
+                k_scale=k_scale.data_ptr(),
+                v_scale=v_scale.data_ptr(),
+                k_factor=k_factor.data_ptr(),
+                v_factor=v_factor.data_ptr(),
+                **ffn,
             )
         return array
 
@@ -166,6 +220,7 @@ class FusedDecode:
             and hasattr(pool, "writes_plainly")
             and supports(pool.storage[0], self.head_dim)
             and pool.storage.shape[0] == len(self.layers)
+            and all(block.takes(x) for block in self.moe_blocks)
         ):
             return False
         if not pool.writes_plainly():  # still calibrating or observing: the modules write
@@ -176,18 +231,20 @@ class FusedDecode:
             self._scales = scales  # the array points into these tensors
             self._scales_key = (pool, pool.scales_version)
             self.model.kv_kind = KV_KINDS[pool.storage.dtype]
-        positions = positions if positions.dtype == torch.int64 else positions.long()
+        # Held here: the C call reads them through their pointers.
+        positions = positions.to(torch.int64).contiguous()
+        lengths = meta.context_lengths()
         status = library().decode_layers(
             ctypes.addressof(self.model),
             ctypes.addressof(self._array),
             len(self.layers),
             x.data_ptr(),
             x.shape[0],
-            positions.contiguous().data_ptr(),
+            positions.data_ptr(),
             meta.slot_mapping.data_ptr(),
             meta.context_slots.data_ptr(),
             meta.context_slots.shape[1],
-            meta.context_lengths().data_ptr(),
+            lengths.data_ptr(),
             torch.get_num_threads(),
         )
         if status != 0:

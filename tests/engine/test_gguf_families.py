@@ -46,7 +46,7 @@ from engine.testing.tokenizers import (
 )
 from engine.tokenizers.loading import load_tokenizer
 from tests.engine.checkpoints import reference_logits
-from tests.engine.test_cpu_mla_decode_step import WIDE_MLA
+from tests.engine.test_cpu_fused_decode_families import WIDE_MLA
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA_CPP = Path(
@@ -497,7 +497,7 @@ def test_a_kimi_file_decodes_in_one_c_call_as_its_modules_do(families, kv, tmp_p
     """The fused decode step (engine/models/cpu_mla_decode_step.py) on a file's blocks,
     W_UK / W_UV as grid weights: the same logits, bit for bit, as the modules."""
     from engine.cpu_kernels.library import unavailable
-    from tests.engine.test_cpu_mla_decode_step import fused_and_modules_agree
+    from tests.engine.test_cpu_fused_decode_families import fused_and_modules_agree
 
     if unavailable():
         pytest.skip(f"CPU kernels: {unavailable()}")

@@ -1,6 +1,6 @@
-"""A DeepSeek V3 / Kimi decode step's layers in one C call (engine/models/
-cpu_mla_decode_step.py) against the modules it replaces: the same kernels in the same
-order, so the logits of every decode step are the same bits."""
+"""The Kimi/DeepSeek V3 and GLM-4.5 decode steps' layers in one C call (engine/models/
+cpu_mla_decode_step.py, cpu_decode_step.py) against the modules they replace: the same
+kernels in the same order, so the logits of every decode step are the same bits."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine.cpu_kernels import library
+from engine.models.cpu_decode_step import FusedDecode
 from engine.models.cpu_mla_decode_step import FusedMLADecode
 from tests.engine.agreement import teacher_forced
 
@@ -26,11 +27,18 @@ def wide_deepseek_v3(tmp_path_factory):
     return build_deepseek_v3(tmp_path_factory.mktemp("mla_step") / "deepseek_v3", **WIDE_MLA)
 
 
-def fused_and_modules_agree(llm, monkeypatch) -> None:
+@pytest.fixture(scope="module")
+def glm4_moe(tmp_path_factory):
+    from engine.testing.checkpoints import build_glm4_moe
+
+    return build_glm4_moe(tmp_path_factory.mktemp("glm_step") / "glm4_moe", head_dim=32)
+
+
+def fused_and_modules_agree(llm, monkeypatch, kind=FusedMLADecode) -> None:
     """Teacher-forced logits with the fused step, then with the modules: the same bits,
     and the fused step took every decode step."""
     trunk = llm.engine.model.model
-    assert isinstance(trunk.decode_step, FusedMLADecode)
+    assert isinstance(trunk.decode_step, kind)
     step, taken = trunk.decode_step, []
     run = step.run
     monkeypatch.setattr(step, "run", lambda *args: taken.append(run(*args)) or taken[-1])
@@ -57,3 +65,13 @@ def test_layers_it_cannot_run_keep_the_modules(wide_deepseek_v3):
 
     llm = LLM(str(wide_deepseek_v3), dtype="bfloat16", kv_cache_dtype="bf16")
     assert llm.engine.model.model.decode_step is None
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3"])
+def test_a_glm_moe_step_computes_what_the_modules_compute(glm4_moe, kv, monkeypatch):
+    """GLM-4.5's per-head q/k norms, partial NeoX rotary, q/k/v biases and MoE layers with
+    a shared expert, in the Llama family's C step."""
+    from engine import LLM
+
+    llm = LLM(str(glm4_moe), dtype="bfloat16", kv_cache_dtype=kv, cpu_weights="q8_0")
+    fused_and_modules_agree(llm, monkeypatch, kind=FusedDecode)
