@@ -53,7 +53,9 @@ from engine.benchmarks.family_files import (
 )
 from engine.benchmarks.family_runs import FIGURES, SIZES
 
-RESIDENT_SOURCES = ("folder", "gguf")
+# What Resident loads: "auto" is llama.cpp's GGUF file when there is one (both engines
+# then read the same file), the checkpoint folder otherwise.
+RESIDENT_SOURCES = ("auto", "folder", "gguf")
 RATE_FIGURES = ("one_stream", "batch16", "prefill", "long_context")
 
 
@@ -130,6 +132,8 @@ def _family(
     described = files.describe()
     if source == "gguf" and files.gguf is None:
         raise ValueError(f"--resident-source gguf needs llama.cpp's GGUF: {files.why_no_gguf}")
+    if source == "auto":
+        source = "gguf" if files.gguf is not None else "folder"
     config = files.config
     top_k, routed = config.get("num_experts_per_tok") or 0, config.get("n_routed_experts") or 0
     model = str(files.gguf if source == "gguf" else files.folder)
@@ -175,13 +179,18 @@ def run_families(
     llama_cpp_dir: str | None = None,
     workdir: Path | None = None,
     figures: tuple[str, ...] = FIGURES,
-    resident_source: str = "folder",
+    resident_source: str = "auto",
     threads: int = 2,
+    on_family=None,
 ) -> dict:
+    """Both engines on each family; `on_family(result, family)` is called as each family
+    finishes (a long run shows what it measured before it ends)."""
     from engine.benchmarks.serving_paths import machine
 
     if resident_source not in RESIDENT_SOURCES:
-        raise ValueError(f"resident source {resident_source!r}: choose folder or gguf")
+        raise ValueError(
+            f"resident source {resident_source!r}: choose one of {', '.join(RESIDENT_SOURCES)}"
+        )
     workdir = Path(workdir) if workdir is not None else default_workdir()
     llama_cpp, why_not = locate_llama_cpp(llama_cpp_dir)
     peer_reason = why_not
@@ -212,6 +221,8 @@ def run_families(
         result["families"][family] = _family(
             files, figures, rounds, resident_source, threads, llama_cpp, peer_reason, bandwidth
         )
+        if on_family is not None:
+            on_family(result, family)
     return result
 
 
@@ -270,22 +281,33 @@ def _family_lines(family: str, measured: dict) -> list[str]:
     return lines
 
 
-def format_table(result: dict) -> str:
+def header_lines(result: dict) -> list[str]:
     machine = result["machine"]
-    lines = [
+    return [
         f"resident bench families: best of {result['rounds']} interleaved rounds, "
         f"{result['threads']} threads, Resident from the {result['resident_source']}; "
         "ratio = Resident / llama.cpp",
         f"{machine['cpu_model']}, {machine['cores']} cores, {machine.get('cpu_matrix_isa')}; "
         f"copy bandwidth {machine['copy_bandwidth_bytes_s'] / 1e9:.1f} GB/s (read + write)",
     ]
-    llc = machine.get("last_level_cache_bytes")
-    for family, measured in result["families"].items():
-        lines += ["", *_family_lines(family, measured)]
-        read = measured["resident"].get("decode_bytes")
-        if llc and read and read < llc:
-            lines.append(
-                f"  the weights a token reads fit in the {llc / 2**20:.0f} MiB last-level cache: "
-                "the bandwidth share can pass 100%"
-            )
+
+
+def family_block(result: dict, family: str) -> list[str]:
+    """One family's table lines (after a blank line)."""
+    measured = result["families"][family]
+    llc = result["machine"].get("last_level_cache_bytes")
+    lines = ["", *_family_lines(family, measured)]
+    read = measured["resident"].get("decode_bytes")
+    if llc and read and read < llc:
+        lines.append(
+            f"  the weights a token reads fit in the {llc / 2**20:.0f} MiB last-level cache: "
+            "the bandwidth share can pass 100%"
+        )
+    return lines
+
+
+def format_table(result: dict) -> str:
+    lines = header_lines(result)
+    for family in result["families"]:
+        lines += family_block(result, family)
     return "\n".join(lines)

@@ -183,20 +183,35 @@ def bench_families(
         "one_stream,batch16,prefill,long_context,load", help="Which figures to measure."
     ),
     resident_source: str = typer.Option(
-        "folder", help="What Resident loads: the checkpoint folder or llama.cpp's GGUF file."
+        "auto",
+        help="What Resident loads: llama.cpp's GGUF file (auto: when there is one, so both "
+        "engines read the same file), or the checkpoint folder.",
     ),
     threads: int = typer.Option(2, min=1, help="Threads of each engine."),
 ) -> None:
     """Resident against llama.cpp on random-weight Llama, GLM-MoE and Kimi models of 1-2B."""
     from pathlib import Path
 
-    from engine.benchmarks.families import RESIDENT_SOURCES, format_table, run_families
+    from engine.benchmarks.families import (
+        RESIDENT_SOURCES,
+        family_block,
+        header_lines,
+        run_families,
+    )
     from engine.benchmarks.family_files import FAMILIES
     from engine.benchmarks.family_runs import FIGURES
 
     chosen_families = _names(families, "--families", FAMILIES)
     chosen_figures = _names(figures, "--figures", FIGURES)
     _names(resident_source, "--resident-source", RESIDENT_SOURCES)
+
+    def show(result: dict, family: str) -> None:
+        """The table grows a family at a time: a long run keeps what it measured."""
+        if not as_json:
+            if len(result["families"]) == 1:
+                typer.echo("\n".join(header_lines(result)))
+            typer.echo("\n".join(family_block(result, family)))
+
     with _usage_errors():
         result = run_families(
             chosen_families,
@@ -207,5 +222,7 @@ def bench_families(
             figures=chosen_figures,
             resident_source=resident_source,
             threads=threads,
+            on_family=show,
         )
-    typer.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
