@@ -6,6 +6,10 @@ Shared by `resident run` (headless.py) and the line REPL (repl.py).
 else there, so a script can parse stdout line by line. Without it, progress
 (the model's text as it streams, tool calls and their results, approvals,
 errors) goes to stderr, and only the final message goes to stdout.
+
+Neither lets a terminal obey what the model wrote: progress shows control
+characters and escape sequences as text (`\\x1b[2K`), and JSON lines carry
+them as `\\u` escapes, which a JSON reader turns back into the same string.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from agent.core.events import (
     Usage,
 )
 from agent.core.todo import TODO_MARKS, TODO_TOOL, progress
+from agent.terminal_text import json_terminal_safe, terminal_safe
+from tools.schema import load_arguments
 
 MAX_ARGUMENT_CHARS = 160
 MAX_RESULT_LINES = 3
@@ -47,7 +53,7 @@ class JsonLinesPrinter:
         self.out = out
 
     def __call__(self, event: Event) -> None:
-        self.out.write(event.model_dump_json() + "\n")
+        self.out.write(json_terminal_safe(event.model_dump_json()) + "\n")
         self.out.flush()
 
 
@@ -58,8 +64,8 @@ def _short(text: str, limit: int) -> str:
 
 def _arguments(raw: str) -> str:
     try:
-        value = json.loads(raw)
-    except ValueError:
+        value = load_arguments(raw)
+    except ValueError:  # not JSON, or too deeply nested to read safely
         return _short(raw, MAX_ARGUMENT_CHARS)
     if isinstance(value, dict):
         parts = [f"{key}={json.dumps(val, ensure_ascii=False)}" for key, val in value.items()]
@@ -76,14 +82,17 @@ class ProgressPrinter:
         self._mid_line = False
         self._todo_calls: set[str] = set()  # todo_write calls whose result the list shows
 
+    # Everything is written through _line and _stream, and both show control characters
+    # and escape sequences as text (agent/terminal_text.py): most of it is the model's.
     def _line(self, text: str) -> None:
         if self._mid_line:
             self.out.write("\n")
             self._mid_line = False
-        self.out.write(text + "\n")
+        self.out.write(terminal_safe(text) + "\n")
         self.out.flush()
 
     def _stream(self, text: str) -> None:
+        text = terminal_safe(text)
         self.out.write(text)
         self.out.flush()
         self._mid_line = not text.endswith("\n")
@@ -101,7 +110,10 @@ class ProgressPrinter:
         if isinstance(event, TodoUpdated):
             items = event.items
             heading = f"[todo {progress(items)}]" if items else "[todo cleared]"
-            lines = [f"  {TODO_MARKS[item.status]} {item.content}" for item in items]
+            lines = [
+                f"  {TODO_MARKS[item.status]} {terminal_safe(item.content, one_line=True)}"
+                for item in items
+            ]
             self._line("\n".join([heading, *lines]))
             return True
         return False

@@ -28,6 +28,7 @@ from agent.core.runtime import Runtime, RuntimeOptions, UnknownToolError, open_r
 from agent.core.session import SessionNotFound
 from agent.event_printers import JsonLinesPrinter, ProgressPrinter
 from agent.exit_codes import EXIT_DONE, EXIT_USAGE, error_exit_code, exit_code
+from agent.terminal_text import terminal_safe
 from tools.sandbox.bubblewrap import SandboxUnavailable
 
 # What a headless run can do about a call that needed a person's approval.
@@ -64,7 +65,7 @@ def _fail_before_start(
         emitter = EventEmitter([JsonLinesPrinter(out)])
         emitter.emit(ErrorEvent(message=message, kind=kind, fatal=True))
         emitter.emit(SessionCompleted(final_message=message, exit_code=code))
-    err.write(f"error: {message}\n")
+    err.write(terminal_safe(f"error: {message}") + "\n")
     err.flush()
     return code
 
@@ -85,8 +86,8 @@ def _custom_command(options: HeadlessOptions, err: TextIO) -> Invocation | None:
     files goes to stderr as warnings."""
     commands = CustomCommands(Path(options.runtime.workspace))
     discovery = commands.discover()
-    for problem in discovery.problems:
-        err.write(f"warning: {problem}\n")
+    for problem in discovery.problems:  # they name the repository's files
+        err.write(terminal_safe(f"warning: {problem}") + "\n")
     err.flush()
     return commands.invocation(options.task, discovery)
 
@@ -129,7 +130,8 @@ async def run_headless_async(
         return _fail_before_start(str(problem), "usage", EXIT_USAGE, out, err, options.json)
     if isinstance(runtime.sandbox, SandboxUnavailable):
         reason = runtime.sandbox.reason
-        err.write(f"warning: no sandbox ({reason}); every shell command needs approval\n")
+        warning = f"warning: no sandbox ({reason}); every shell command needs approval"
+        err.write(terminal_safe(warning) + "\n")
         err.flush()
     main = asyncio.current_task()
     if main is not None:
@@ -150,8 +152,9 @@ async def run_headless_async(
     runtime.emitter.emit(SessionCompleted(final_message=outcome.final_message, exit_code=code))
     await runtime.close()
     if not options.json and not (code == EXIT_DONE and _same_terminal(out, err)):
-        # On one terminal the streamed text already showed the answer; a pipe still gets it.
-        out.write(outcome.final_message.rstrip("\n") + "\n")
+        # On one terminal the streamed text already showed the answer; a pipe still gets it,
+        # shown as safely as the stream was (--json carries the exact text).
+        out.write(terminal_safe(outcome.final_message.rstrip("\n")) + "\n")
         out.flush()
     return code
 

@@ -41,6 +41,7 @@ from agent.core.session import SessionNotFound
 from agent.core.tool_runner import ApprovalAnswer, ApprovalRequest
 from agent.event_printers import ProgressPrinter
 from agent.exit_codes import EXIT_INTERRUPTED, EXIT_USAGE, error_exit_code
+from agent.terminal_text import terminal_safe
 from tools import ApprovalMode
 
 T = TypeVar("T")
@@ -122,8 +123,10 @@ class Repl:
     # -- terminal ------------------------------------------------------------------
 
     def say(self, text: str) -> None:
+        """A line (or lines) for the person; much of it names what a repository or a model
+        wrote (commands, problems, MCP servers), so control characters are shown as text."""
         self.printer.end_line()
-        self.out.write(text + "\n")
+        self.out.write(terminal_safe(text) + "\n")
         self.out.flush()
 
     def _read(self, prompt: str) -> str | None:

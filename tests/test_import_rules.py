@@ -30,6 +30,7 @@ SHARED_BY_FRONT_ENDS = (
     "agent.agent_thread",
     "agent.exit_codes",
     "agent.event_printers",
+    "agent.terminal_text",
 )
 
 

@@ -8,7 +8,6 @@ wrong and what shape was expected; nothing a model sends raises out of here.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
@@ -20,7 +19,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tools.context import ToolContext
 from tools.sandbox.bubblewrap import READ_ONLY, SandboxGrant
-from tools.schema import describe_validation_error, expected_shape, function_schema
+from tools.schema import (
+    ArgumentShapeError,
+    check_argument_shape,
+    describe_validation_error,
+    expected_shape,
+    function_schema,
+    load_arguments,
+)
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +200,10 @@ class Registry:
             text = arguments.strip()
             try:
                 # Some models send "" for a tool without arguments.
-                arguments = json.loads(text) if text else {}
-            except json.JSONDecodeError as exc:
+                arguments = load_arguments(text) if text else {}
+            except ArgumentShapeError as exc:
+                return _refused(name, str(exc), shape)
+            except ValueError as exc:  # JSONDecodeError, or an integer of 5,000 digits
                 return ToolResult.error(
                     f"Arguments for {name!r} are not valid JSON ({exc}). "
                     f"Send a JSON object of the form {shape}."
@@ -205,6 +213,10 @@ class Registry:
                 f"Arguments for {name!r} must be a JSON object, got "
                 f"{type(arguments).__name__}. Expected {shape}."
             )
+        try:  # arguments handed over already parsed get the same limits
+            check_argument_shape(dict(arguments))
+        except ArgumentShapeError as exc:
+            return _refused(name, str(exc), shape)
         try:
             args = tool.Args.model_validate(dict(arguments))
         except ValidationError as exc:
@@ -247,3 +259,10 @@ class Registry:
         if isinstance(parsed, ToolResult):
             return parsed
         return self.run(parsed, ctx, grant)
+
+
+def _refused(name: str, why: str, shape: str) -> ToolResult:
+    return ToolResult.error(
+        f"Arguments for {name!r} were refused: {why}. The call was not run; "
+        f"send a JSON object of the form {shape}."
+    )

@@ -11,6 +11,7 @@ from typing import Protocol
 
 from tools.files.state import FileStateLedger
 from tools.sandbox.bubblewrap import Sandbox, SandboxSettings
+from tools.workspace.protected import StateDir, find_state_dirs
 
 
 class FileAccess(Protocol):
@@ -70,6 +71,10 @@ class ToolContext:
     in; None means there is none (the permission policy then fails closed).
     `file_access` is the editor the read, write and edit tools go through
     when one drives the agent (tools.files.access); None: the disk.
+    `state_dirs` are Resident's own folders (config, data, cache) by real path: no
+    file tool writes there, and commands find them read-only wherever they lie
+    (tools.workspace.protected). None: found from `env` and this process's
+    environment when the context is made, so no context is ever without them.
     """
 
     workspace: Path
@@ -82,8 +87,11 @@ class ToolContext:
     sandbox: Sandbox | None = None
     sandbox_settings: SandboxSettings = field(default_factory=SandboxSettings)
     file_access: FileAccess | None = None
+    state_dirs: tuple[StateDir, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.state_dirs is None:
+            self.state_dirs = find_state_dirs(self.env)
         self.workspace = Path(os.path.realpath(self.workspace))
         self.extra_roots = tuple(Path(os.path.realpath(root)) for root in self.extra_roots)
         if not self.workspace.is_dir():
@@ -92,6 +100,10 @@ class ToolContext:
     @property
     def allowed_roots(self) -> tuple[Path, ...]:
         return (self.workspace, *self.extra_roots)
+
+    @property
+    def protected_dirs(self) -> tuple[StateDir, ...]:
+        return self.state_dirs or ()
 
     def base_env(self) -> Mapping[str, str]:
         return os.environ if self.env is None else self.env

@@ -1,17 +1,76 @@
-"""Turn pydantic argument models into clean OpenAI tool schemas, and explain
-validation failures in words a model can act on.
+"""Turn pydantic argument models into clean OpenAI tool schemas, read the
+arguments a model sends within limits, and explain validation failures in
+words a model can act on.
 
 The schema goes into the prompt on every request, so it is kept small and
 stable: no pydantic `title` noise, optional fields rendered as their plain
 type instead of `anyOf [..., null]`, keys in a fixed order.
+
+Arguments are the model's text (or a remote server's): `json.loads` follows
+nesting by recursion, so `{"path": [[[[...]]]]}` 100,000 deep raised
+RecursionError out of the agent loop and ended the task. `load_arguments`
+refuses text over MAX_ARGUMENT_CHARS, nesting deeper than MAX_ARGUMENT_DEPTH
+and numbers JSON cannot hold (NaN, Infinity, 1e400) with ArgumentShapeError,
+a ValueError, which the registry turns into a tool error the model reads.
+(The engine bounds what it parses the same way, in engine.chat.json_limits;
+`tools` imports nothing from the engine.)
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+
+# No tool's arguments nest anywhere near this deep; the bound keeps every reader
+# after the parse (validation, hooks, printers) far from Python's recursion limit.
+MAX_ARGUMENT_DEPTH = 64
+# More text than any model's context holds (256k tokens is about 1 MiB of text).
+MAX_ARGUMENT_CHARS = 4 * 1024 * 1024
+
+
+class ArgumentShapeError(ValueError):
+    """Arguments that are too long, nest too deeply or hold a number that is not finite."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise ArgumentShapeError(f"{name} is not JSON; numbers must be finite")
+
+
+def check_argument_shape(value: Any) -> None:
+    """Raise ArgumentShapeError when parsed arguments nest deeper than MAX_ARGUMENT_DEPTH
+    or hold a float that is not finite. Iterative, so any depth is safe to look at."""
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_ARGUMENT_DEPTH:
+            raise ArgumentShapeError(f"they nest deeper than {MAX_ARGUMENT_DEPTH} levels")
+        for item in node.values() if isinstance(node, dict) else node:
+            if isinstance(item, dict | list):
+                stack.append((item, depth + 1))
+            elif isinstance(item, float) and not math.isfinite(item):
+                raise ArgumentShapeError(f"{item} is not a finite number")
+
+
+def load_arguments(text: str) -> Any:
+    """A tool call's argument text as JSON, within the limits above.
+
+    Raises ValueError: json.JSONDecodeError (or the digit limit's ValueError)
+    for text that is not JSON Python can read, ArgumentShapeError for the rest."""
+    if len(text) > MAX_ARGUMENT_CHARS:
+        raise ArgumentShapeError(
+            f"they are {len(text):,} characters, more than the {MAX_ARGUMENT_CHARS:,} "
+            "a tool call may carry"
+        )
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ArgumentShapeError(f"they nest deeper than {MAX_ARGUMENT_DEPTH} levels") from None
+    check_argument_shape(value)
+    return value
+
 
 # Keys whose values are maps from *names* to schemas; the names themselves
 # (a field may well be called "title") must never be treated as keywords.

@@ -42,6 +42,8 @@ OPTIONS: tuple[PermissionOption, ...] = (
     PermissionOption(option_id=REJECT_ONCE, name="Reject", kind="reject_once"),
     PermissionOption(option_id=REJECT_ALWAYS, name="Reject for this session", kind="reject_always"),
 )
+# A change to Resident's configuration is asked for every time: no "always" to offer.
+ONCE_OPTIONS: tuple[PermissionOption, ...] = (OPTIONS[0], OPTIONS[2])
 ALLOWED_FOR_SESSION = "allowed for this session"
 REJECTED_FOR_SESSION = "The user rejected this request for the rest of the session."
 CANCELLED = "The user cancelled the turn."
@@ -82,7 +84,8 @@ class PermissionBridge:
         answer = self.remembered(request)
         if answer is not None:
             return answer
-        response = await self.ask(permission_tool_call(request, content), list(OPTIONS))
+        offered = ONCE_OPTIONS if request.once else OPTIONS
+        response = await self.ask(permission_tool_call(request, content), list(offered))
         return self.answer(request, response)
 
     def answer(
@@ -94,7 +97,7 @@ class PermissionBridge:
         choice = outcome.option_id
         if choice == ALLOW_ONCE:
             return ApprovalAnswer(True)
-        if choice == ALLOW_ALWAYS:
+        if choice == ALLOW_ALWAYS and not request.once:
             self.allowed.remember(request)
             return ApprovalAnswer(True, ALLOWED_FOR_SESSION)
         if choice == REJECT_ALWAYS:

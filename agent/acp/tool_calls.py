@@ -16,6 +16,7 @@ from acp import text_block, tool_content, tool_diff_content
 from acp.schema import ToolCallLocation, ToolKind
 
 from agent.core.approval_preview import CommandPreview, DiffPreview, Preview
+from tools.schema import load_arguments
 
 # The client's icons and grouping; MCP and unknown tools are "other".
 TOOL_KINDS: dict[str, ToolKind] = {
@@ -45,8 +46,8 @@ ToolContent = Any  # acp's ContentToolCallContent | FileEditToolCallContent
 def parse_arguments(raw: str) -> dict[str, Any]:
     """A call's arguments as a dict; {} when the model sent something else."""
     try:
-        value = json.loads(raw) if raw.strip() else {}
-    except ValueError:
+        value = load_arguments(raw) if raw.strip() else {}
+    except ValueError:  # not JSON, or too deeply nested to read safely
         return {}
     return value if isinstance(value, dict) else {}
 

@@ -269,11 +269,12 @@ def sessions(
     from pathlib import Path
 
     from agent.core.session import SessionStore
+    from agent.terminal_text import terminal_safe
 
     workspace = None if all_workspaces else Path(os.path.realpath(Path.cwd()))
     metas = SessionStore().list(workspace)
     if as_json:
         typer.echo(json.dumps([dataclasses.asdict(m) for m in metas], indent=2))
         return
-    for meta in metas:
-        typer.echo(meta.describe())
+    for meta in metas:  # a title is the task's first words, or the model's
+        typer.echo(terminal_safe(meta.describe(), one_line=True))

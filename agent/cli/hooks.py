@@ -8,6 +8,8 @@ from pathlib import Path
 
 import typer
 
+from agent.terminal_text import terminal_safe
+
 hooks_app = typer.Typer(help="Hooks: your commands run at agent events (docs/HOOKS.md).")
 
 WORKSPACE_HELP = "The repository (default: the current directory)."
@@ -33,10 +35,15 @@ def _workspace(workspace: Path | None) -> Path:
 
 
 def _hook_lines(hooks) -> list[str]:
+    """One line per hook. The command is shown as it will run, every control character
+    as text (`\\r`, `\\x1b[2K`, a newline as `\\n`): what a person trusts must be what
+    runs, not what a terminal redraws it as."""
     lines = []
     for hook in hooks:
-        matcher = f" [{hook.matcher.pattern}]" if hook.matcher is not None else ""
-        lines.append(f"  {hook.event}{matcher}: {hook.command}  (timeout {hook.timeout:g} s)")
+        pattern = hook.matcher.pattern if hook.matcher is not None else None
+        matcher = f" [{terminal_safe(pattern, one_line=True)}]" if pattern is not None else ""
+        command = terminal_safe(hook.command, one_line=True)
+        lines.append(f"  {hook.event}{matcher}: {command}  (timeout {hook.timeout:g} s)")
     return lines
 
 
@@ -49,13 +56,19 @@ def hooks_list(
 
     Exit code 1 when a hooks file has a problem."""
     from agent.core.hooks.config import load_hooks
+    from agent.core.hooks.scripts import hooks_coverage
     from agent.core.hooks.trust import HookTrust
 
     root = _workspace(workspace)
     config = load_hooks(root)
     trust = HookTrust()
     files = [
-        (loaded, "own" if loaded.source == "user" else trust.state(root, loaded.digest))
+        (
+            loaded,
+            "own"
+            if loaded.source == "user"
+            else trust.state(root, hooks_coverage(loaded, root).digest),
+        )
         for loaded in (config.user, config.repository)
         if loaded is not None
     ]
@@ -76,11 +89,12 @@ def hooks_list(
         if not files and not problems:
             typer.echo("No hooks: neither your hooks.json nor this repository's exists.")
         for loaded, state in files:
-            typer.echo(f"{loaded.path} ({loaded.source}, {TRUST_LABELS[state]})")
+            shown = terminal_safe(str(loaded.path), one_line=True)
+            typer.echo(f"{shown} ({loaded.source}, {TRUST_LABELS[state]})")
             for line in _hook_lines(loaded.hooks) or ["  (no hooks)"]:
                 typer.echo(line)
         for problem in problems:
-            typer.secho(f"problem: {problem}", fg=typer.colors.RED, err=True)
+            typer.secho(terminal_safe(f"problem: {problem}"), fg=typer.colors.RED, err=True)
     if problems:
         raise typer.Exit(1)
 
@@ -91,27 +105,39 @@ def hooks_trust(
 ) -> None:
     """Let this repository's .resident/hooks.json run, as it is now (in the sandbox).
 
-    Trust is recorded for this repository's path and this exact file content: any change
-    to the file needs trust again. Read the file, and the scripts it runs, first."""
+    Trust is recorded for this repository's path, this exact file content and the
+    content of every file in the repository its commands name: any change to one of them
+    needs trust again. Read the file, and the scripts it runs, first."""
     from agent.core.hooks.config import REPOSITORY_FILE, HookProblem, read_hooks_file
+    from agent.core.hooks.scripts import hooks_coverage
     from agent.core.hooks.trust import HookTrust
 
     root = _workspace(workspace)
     loaded = read_hooks_file(root / REPOSITORY_FILE, "repository")
     if loaded is None:
         typer.secho(
-            f"error: {root / REPOSITORY_FILE} does not exist", fg=typer.colors.RED, err=True
+            terminal_safe(f"error: {root / REPOSITORY_FILE} does not exist"),
+            fg=typer.colors.RED,
+            err=True,
         )
         raise typer.Exit(1)
     if isinstance(loaded, HookProblem):
         typer.secho(
-            f"error: {loaded.describe()}; fix it before trusting it", fg=typer.colors.RED, err=True
+            terminal_safe(f"error: {loaded.describe()}; fix it before trusting it"),
+            fg=typer.colors.RED,
+            err=True,
         )
         raise typer.Exit(1)
-    HookTrust().trust(root, loaded.digest)
-    typer.echo(f"Trusted {loaded.path} (sha256 {loaded.digest[:12]}); these hooks will run:")
+    coverage = hooks_coverage(loaded, root)
+    HookTrust().trust(root, coverage.digest, coverage.files)
+    shown = terminal_safe(str(loaded.path), one_line=True)
+    typer.echo(f"Trusted {shown} (sha256 {coverage.digest[:12]}); these hooks will run:")
     for line in _hook_lines(loaded.hooks) or ["  (none: the file declares no hooks)"]:
         typer.echo(line)
+    if coverage.files:
+        typer.echo("Covered with it (a change to any of them needs trust again):")
+        for name in coverage.files:
+            typer.echo(f"  {json.dumps(name)}")
 
 
 @hooks_app.command("untrust")
@@ -123,6 +149,6 @@ def hooks_untrust(
 
     root = _workspace(workspace)
     if HookTrust().untrust(root):
-        typer.echo(f"{root}: its hooks are no longer trusted.")
+        typer.echo(terminal_safe(f"{root}: its hooks are no longer trusted."))
     else:
-        typer.echo(f"{root}: its hooks were not trusted; nothing changed.")
+        typer.echo(terminal_safe(f"{root}: its hooks were not trusted; nothing changed."))

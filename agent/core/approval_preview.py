@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.tool_runner import ApprovalRequest
+from tools.workspace.bounded_read import read_bounded
 from tools.workspace.paths import PathError, resolve_path
 
 MAX_PREVIEW_BYTES = 512 * 1024
@@ -44,11 +45,10 @@ def _read(workspace: Path, raw: str) -> str | None:
     path = resolved.real
     if not path.exists():
         return ""
-    try:
-        if not path.is_file() or path.stat().st_size > MAX_PREVIEW_BYTES:
-            return None
-        return path.read_text(encoding="utf-8").replace("\r\n", "\n")
-    except (OSError, UnicodeDecodeError):
+    try:  # bounded: a FIFO or a huge file must not stall the approval question
+        text = read_bounded(path, MAX_PREVIEW_BYTES).decode("utf-8")
+        return text.replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
+    except (OSError, UnicodeDecodeError):  # not a regular file, too large, unreadable
         return None
 
 

@@ -55,16 +55,18 @@ def find_command(name: str) -> SlashCommand | None:
 
 class SessionApprovals:
     """Answers of "allow for this session": the same request by the same tool is not
-    asked again."""
+    asked again. A request marked `once` (a change to Resident's configuration) is
+    neither covered nor remembered: it is asked for by name every time."""
 
     def __init__(self) -> None:
         self._allowed: set[tuple[str, str]] = set()
 
     def allows(self, request: ApprovalRequest) -> bool:
-        return (request.tool, request.request) in self._allowed
+        return not request.once and (request.tool, request.request) in self._allowed
 
     def remember(self, request: ApprovalRequest) -> None:
-        self._allowed.add((request.tool, request.request))
+        if not request.once:
+            self._allowed.add((request.tool, request.request))
 
     def clear(self) -> None:
         self._allowed.clear()

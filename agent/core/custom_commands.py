@@ -24,13 +24,13 @@ from __future__ import annotations
 import codecs
 import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.command_template import EmptyCommand, expand, parse_command_text, takes_arguments
 from agent.core.commands import find_command
 from agent.core.mcp.config import user_config_dir
+from tools.workspace.bounded_read import RefusedFile, read_bounded
 
 REPOSITORY_COMMANDS = Path(".resident") / "commands"
 USER_COMMANDS = "commands"  # under the user's config directory
@@ -97,24 +97,11 @@ def read_command_file(path: Path, confine_to: Path | None) -> str:
         if not _inside(opened, os.path.realpath(confine_to)):
             raise UnusableFile(f"is a link to {opened}, outside the repository")
     try:
-        # Non-blocking: opening a FIFO for reading would otherwise wait for a writer.
-        fd = os.open(opened, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        data = read_bounded(opened, MAX_FILE_BYTES)
+    except RefusedFile as err:  # a FIFO, device or directory, or over the cap
+        raise UnusableFile(err.reason) from None
     except OSError as err:
         raise UnusableFile(f"cannot be read ({err.strerror or err})") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UnusableFile("is not a regular file")
-        if info.st_size > MAX_FILE_BYTES:
-            raise UnusableFile(
-                f"is {info.st_size:,} bytes; a command file may have at most {MAX_FILE_BYTES:,}"
-            )
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            data = handle.read(MAX_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_FILE_BYTES:  # it grew since fstat
-        raise UnusableFile(f"is over {MAX_FILE_BYTES:,} bytes, the most a command file may have")
     if b"\x00" in data:
         raise UnusableFile("is binary (it has NUL bytes), not text")
     text = data.removeprefix(codecs.BOM_UTF8)  # a byte order mark is no part of the prompt

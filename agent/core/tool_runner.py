@@ -42,6 +42,7 @@ from tools import (
     ToolResult,
     Verdict,
 )
+from tools.schema import load_arguments
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class ApprovalRequest:
     reason: str  # why the policy asks
     arguments: dict[str, Any] = field(default_factory=dict)
     parent_id: str = ""  # a subagent's call: the id of the `task` call that started it
+    # A change to Resident's configuration: approved for this call alone, never
+    # remembered for the session (tools.permissions.config_zone).
+    once: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,9 +77,10 @@ class CallOutcome:
 
 def history_arguments(raw: str) -> str:
     """Arguments as they may stay in the history: a JSON object, or `{}` when the model
-    sent something else (kept out so no later request carries invalid JSON)."""
+    sent something else (kept out so no later request carries invalid JSON), or something
+    too long or too deeply nested to read (tools.schema.load_arguments)."""
     try:
-        value = json.loads(raw) if raw.strip() else {}
+        value = load_arguments(raw) if raw.strip() else {}
     except ValueError:
         return "{}"
     return raw if isinstance(value, dict) else "{}"
@@ -177,7 +182,9 @@ class ToolRunner:
                 return self._finish(chunk.id, ToolResult.error(verdict.blocked))
             hook_notes = verdict.notes
         if decision.verdict is Verdict.ASK:
-            answer = await self._ask(parsed, chunk.id, decision.request, decision.reason)
+            answer = await self._ask(
+                parsed, chunk.id, decision.request, decision.reason, decision.once
+            )
             if answer is None:
                 why = f"{decision.request} needs approval ({decision.reason})"
                 result = ToolResult.error(
@@ -206,7 +213,7 @@ class ToolRunner:
         return self._finish(chunk.id, result)
 
     async def _ask(
-        self, call: ToolCall, call_id: str, request: str, reason: str
+        self, call: ToolCall, call_id: str, request: str, reason: str, once: bool = False
     ) -> ApprovalAnswer | None:
         self.emitter.emit(
             ApprovalRequested(id=call_id, name=call.name, request=request, reason=reason)
@@ -220,6 +227,7 @@ class ToolRunner:
                     request=request,
                     reason=reason,
                     arguments=call.args.model_dump(),
+                    once=once,
                 )
             )
         self.emitter.emit(

@@ -17,6 +17,7 @@ from pathlib import Path
 from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.filter import LineFilter
 from textual.widgets import Footer
 
 from agent.core.clients import ClientError, LLMClient, TransientError
@@ -35,6 +36,7 @@ from agent.core.session import SessionNotFound
 from agent.exit_codes import EXIT_FAILED, EXIT_USAGE, error_exit_code
 from agent.tui.bridge import AgentBridge
 from agent.tui.connection import DEFAULT_DELAYS_S, ConnectionWatcher
+from agent.tui.control_filter import ControlCharacterFilter
 from agent.tui.messages import AgentEvent, ApprovalNeeded, EngineInfo, History
 from agent.tui.prompt_history import PromptHistory
 from agent.tui.slash import SlashCommands
@@ -53,6 +55,7 @@ from agent.tui.widgets.work_indicator import WorkIndicator
 from tools.workspace.walk import visible_files
 
 WORKING = "Working · ctrl+c interrupts"
+CONTROL_FILTER = ControlCharacterFilter()  # holds no state: one for every app
 
 
 class ResidentApp(App[int]):
@@ -105,6 +108,10 @@ class ResidentApp(App[int]):
         yield PromptInput(menu, self.history, self.slash.completion_commands)
         yield StatusBar(self.clock)
         yield Footer()
+
+    def get_line_filters(self) -> Sequence[LineFilter]:
+        """Textual's filters, after the one that shows control characters as text."""
+        return [CONTROL_FILTER, *super().get_line_filters()]
 
     @property
     def conversation(self) -> ConversationView:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from agent.core.todo import TODO_TOOL
+from tools.schema import load_arguments
 
 
 def tokens(n: int | None) -> str:
@@ -26,8 +27,8 @@ def short(text: str, limit: int) -> str:
 def arguments(raw: str) -> dict:
     """A tool call's arguments as a dict; {} when the model sent something else."""
     try:
-        value = json.loads(raw) if raw.strip() else {}
-    except ValueError:
+        value = load_arguments(raw) if raw.strip() else {}
+    except ValueError:  # not JSON, or too deeply nested to read safely
         return {}
     return value if isinstance(value, dict) else {}
 

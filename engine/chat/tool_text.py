@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from engine.chat.json_limits import loads_bounded
 from engine.chat.tool_parsers import glm, hermes, kimi_k2
 
 # The text markers each tool-call format is read by.
@@ -53,7 +54,7 @@ def call_as_text(call: dict[str, Any]) -> str:
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
+            arguments = loads_bounded(arguments)
         except ValueError:
             pass  # keep what the caller sent; the model sees it as written
     body = {"name": function.get("name", ""), "arguments": arguments}

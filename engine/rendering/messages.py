@@ -10,9 +10,10 @@ render differently under templates that test for a key or `tojson` a value.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from engine.chat.json_limits import loads_bounded
 
 
 class ChatRenderError(ValueError):
@@ -50,8 +51,8 @@ def _template_call(call: Mapping[str, Any]) -> dict[str, Any]:
         # Native templates (Qwen, GLM, Kimi) iterate or `tojson` the arguments: give
         # them the object. Anything that is not a JSON object stays as written.
         try:
-            parsed = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
+            parsed = loads_bounded(arguments) if arguments.strip() else {}
+        except ValueError:  # not JSON, or too deep to hand a template
             parsed = None
         if isinstance(parsed, dict):
             function["arguments"] = parsed

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from engine.errors import EngineError
 from engine.grammar.spec import StructuredOutput
+
+# What torch.Generator().manual_seed takes; outside it, it raises deep in the engine.
+SEED_RANGE = (-(2**63), 2**64 - 1)
+# Token ids meet 32-bit tensors and the grammar engine.
+MAX_TOKEN_ID = 2**31 - 1
 
 
 @dataclass
@@ -38,9 +44,13 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = [s for s in (self.stop or []) if s]
+        # NaN fails every comparison below; infinity is refused where a bound would let it by.
         checks = [
             (self.max_tokens >= 1, "max_tokens must be at least 1"),
-            (self.temperature >= 0, "temperature must be >= 0"),
+            (
+                self.temperature >= 0 and math.isfinite(self.temperature),
+                "temperature must be a finite number >= 0",
+            ),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (self.top_k >= -1, "top_k must be -1, 0 (off) or positive"),
             (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
@@ -51,7 +61,18 @@ class SamplingParams:
             ),
             (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
-            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+            (
+                self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty),
+                "repetition_penalty must be a finite number > 0",
+            ),
+            (
+                self.seed is None or SEED_RANGE[0] <= self.seed <= SEED_RANGE[1],
+                "seed must be a 64-bit integer (from -2**63 to 2**64 - 1)",
+            ),
+            (
+                all(0 <= token <= MAX_TOKEN_ID for token in self.stop_token_ids),
+                f"stop_token_ids must be token ids, 0 to {MAX_TOKEN_ID}",
+            ),
             (
                 self.structured is None or isinstance(self.structured, StructuredOutput),
                 "structured must be an engine.grammar.StructuredOutput",

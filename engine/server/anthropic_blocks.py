@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import logging
 from typing import Any
 
 from engine.chat import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallEnd, ToolCallError
+from engine.chat.json_limits import loads_bounded
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def thinking_signature(thinking: str) -> str:
 def _tool_input(arguments: str) -> dict[str, Any]:
     # The parsers end a call only when its arguments are valid JSON; Anthropic's
     # `input` is an object, and formats that allow a bare value get it wrapped.
-    value = json.loads(arguments) if arguments.strip() else {}
+    value = loads_bounded(arguments) if arguments.strip() else {}
     return value if isinstance(value, dict) else {"value": value}
 
 

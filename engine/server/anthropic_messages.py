@@ -36,7 +36,7 @@ from engine.server.context import ServerContext
 from engine.server.error_responses import APIError, bad_request, from_exception
 from engine.server.generation import GenerationGroup, Job, unless_disconnected
 from engine.server.request_body import parse_body
-from engine.server.request_sampling import output_budget, sampling_params
+from engine.server.request_sampling import context_limit, output_budget, sampling_params
 
 # Model names that stand for the served model (see served_name).
 CLAUDE_PREFIX = "claude-"
@@ -147,13 +147,31 @@ def served_name(ctx: ServerContext, requested: str) -> str:
     return requested
 
 
+def output_room(prompt_tokens: int, ctx: ServerContext) -> int:
+    """The tokens left for the output; a prompt that leaves none is a 400 in Anthropic's words.
+
+    Claude Code runs its own compaction on a context overflow only when the error reads
+    as Anthropic's does, `prompt is too long: N tokens > M maximum`, so that wording,
+    with the real numbers: M is the longest prompt that leaves room for one token.
+    """
+    try:
+        return output_budget(prompt_tokens, None, ctx.model)
+    except APIError as error:
+        if error.code != "context_length_exceeded":
+            raise
+        maximum = context_limit(ctx.model) - 1
+        raise bad_request(
+            f"prompt is too long: {prompt_tokens} tokens > {maximum} maximum"
+        ) from error
+
+
 async def create_message(body: MessagesRequest, ctx: ServerContext, http_request: Request):
     model = served_name(ctx, body.model)
     chat = to_chat_request(body)
     prompt = render_chat(chat, ctx.model)
     # Clients ask for a fixed, generous max_tokens (Claude Code: 32000) whatever the
     # model's context; Anthropic-style, the output gets the room left instead of a 400.
-    room = output_budget(len(prompt.token_ids), None, ctx.model)
+    room = output_room(len(prompt.token_ids), ctx)
     max_tokens = min(body.max_tokens, room)
     ending = partial(
         stop_reason,

@@ -138,9 +138,9 @@ class Conversation(_Lenient):
 class MessagesRequest(Conversation):
     max_tokens: int = Field(ge=1)
     stream: bool = False
-    temperature: float = Field(default=1.0, ge=0, le=1)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
+    temperature: float = Field(default=1.0, ge=0, le=1, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(default=None, ge=0, le=2**31 - 1)  # 32-bit, as on chat
     stop_sequences: list[str] | None = None
     metadata: dict[str, Any] | None = None
     output_config: OutputConfig | None = None

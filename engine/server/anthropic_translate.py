@@ -39,6 +39,7 @@ from engine.server.anthropic_protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from engine.server.chat_rendering import check_tool_schemas
 from engine.server.error_responses import GenerationFailed, bad_request, from_validation_error
 from engine.server.protocol import ChatCompletionRequest
 
@@ -159,6 +160,8 @@ def _tools(body: Conversation) -> tuple[list[dict] | None, Any, bool]:
                 "input_schema and run it in the client",
                 param=f"tools.{number}.type",
             )
+        if tool.input_schema is not None:
+            check_tool_schemas([(f"tools.{number}.input_schema", tool.input_schema)])
         function = {"name": tool.name, "parameters": tool.input_schema or {"type": "object"}}
         if tool.description:
             function["description"] = tool.description

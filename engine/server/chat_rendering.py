@@ -5,6 +5,8 @@ the answer is read, lives in engine.rendering, shared with the agent's
 in-process client and `LLM.chat`. What is left here is OpenAI's request
 shape: `tool_choice` (which tools are offered at all), `chat_template_kwargs`,
 `continue_final_message`, `skip_special_tokens`, and render errors as 400s.
+Every tool's schema is checked to be a JSON Schema first, whatever
+`tool_choice` says (engine.grammar.schema_shape), as OpenAI checks it.
 Other chat APIs on this server map their requests onto the same renderer.
 """
 
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.grammar import GrammarError
+from engine.grammar.schema_shape import check_json_schema
 from engine.rendering import ChatRenderer, ChatRenderError, NoChatTemplateError, RenderedChat
 from engine.server.error_responses import bad_request
 from engine.server.protocol import ChatCompletionRequest, NamedToolChoice
@@ -19,6 +23,15 @@ from engine.server.served_model import ServedModel
 
 # The server's name for a rendered chat (kept for the modules that import it).
 ChatPrompt = RenderedChat
+
+
+def check_tool_schemas(schemas: list[tuple[str, Any]]) -> None:
+    """A 400 naming the first (param, schema) pair whose schema is not a JSON Schema."""
+    for param, schema in schemas:
+        try:
+            check_json_schema(schema, param)
+        except GrammarError as error:
+            raise bad_request(str(error), param=error.param) from error
 
 
 def _active_tools(request: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -53,6 +66,13 @@ def renderer_for(model: ServedModel) -> ChatRenderer:
 
 def render_chat(request: ChatCompletionRequest, model: ServedModel) -> ChatPrompt:
     renderer = renderer_for(model)
+    check_tool_schemas(
+        [
+            (f"tools.{index}.function.parameters", tool.function.parameters)
+            for index, tool in enumerate(request.tools or [])
+            if tool.function.parameters is not None
+        ]
+    )
     tools = _active_tools(request)
     try:
         return renderer.render(

@@ -1,7 +1,8 @@
 """OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status.
 
 Every failure a request can cause ends here as JSON, so no bad request can
-crash the server or leak a traceback: validation errors are 400, an unknown
+crash the server or leak a traceback: validation errors (and a request nested
+too deeply to process) are 400, an unknown
 model 404, a full queue 503 with Retry-After, a dead tensor-parallel rank 503, and
 anything unexpected 500 (logged with its traceback, reported without it).
 """
@@ -117,6 +118,11 @@ def from_exception(error: BaseException) -> APIError:
         return APIError(500, str(error), type="server_error", code="generation_failed")
     if isinstance(error, ValidationError):
         return from_validation_error(error)
+    if isinstance(error, RecursionError):
+        # Only what a request brings recurses without bound (JSON, schemas, templates
+        # over them); the body reader bounds nesting, so this is a net behind it.
+        log.warning("a request nested too deeply to be served", exc_info=error)
+        return bad_request("the request nests too deeply to be processed; flatten it")
     log.error("request failed", exc_info=error)
     return APIError(500, "internal server error; see the server log", type="server_error")
 

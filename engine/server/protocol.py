@@ -4,14 +4,17 @@ Field names and defaults follow OpenAI's API; the few extensions (`top_k`,
 `min_p`, `repetition_penalty`, `cache_salt`, `ignore_eos`, ...) are the ones
 vLLM and SGLang also accept, so clients written for them work here. Unknown
 fields are ignored, as OpenAI clients send fields we have no use for.
-Range checks live here so that a bad value is a 400 naming the parameter.
+Range checks live here so that a bad value is a 400 naming the parameter:
+every number must be finite (the body reader already refuses NaN, Infinity
+and 1e400 anywhere; these hold for requests built in code too) and in a
+range the engine can use (SEED_RANGE, TOKEN_ID_RANGE, ...).
 Responses are plain dicts built where they are produced (see
 chat_completions.py and completions.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -19,6 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 MAX_CHOICES = 16
 # Top alternatives per token; the engine computes at most this many.
 MAX_TOP_LOGPROBS = 20
+# Seeds are 64-bit, as vLLM takes them; choice i of n samples with seed + i, which
+# torch's generator still takes (it reads seeds up to 2**64 - 1).
+SEED_RANGE = (-(2**63), 2**63 - 1)
+# Token ids and top_k are 32-bit wherever they meet a tensor or the grammar engine.
+TOKEN_ID_RANGE = (0, 2**31 - 1)
+TokenId = Annotated[int, Field(ge=TOKEN_ID_RANGE[0], le=TOKEN_ID_RANGE[1])]
 
 
 class _Lenient(BaseModel):
@@ -98,16 +107,18 @@ class SamplingFields(_Lenient):
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float = Field(default=1.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=-1)
-    min_p: float = Field(default=0.0, ge=0, le=1)
-    seed: int | None = None
+    # OpenAI's ranges; repetition_penalty's is SGLang's (above 2 it only wrecks the text,
+    # and a huge one turns every logit infinite).
+    temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: int = Field(default=0, ge=-1, le=TOKEN_ID_RANGE[1])
+    min_p: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
-    repetition_penalty: float = Field(default=1.0, gt=0)
+    stop_token_ids: list[TokenId] | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float = Field(default=0.0, ge=-2, le=2, allow_inf_nan=False)
+    repetition_penalty: float = Field(default=1.0, gt=0, le=2, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
     speculative: bool | None = None  # prompt-lookup speculation; None: the server's default

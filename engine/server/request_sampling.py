@@ -27,6 +27,11 @@ def _limit(model: ServedModel) -> tuple[int, str]:
     return model.max_context_tokens, "the model's context (max_context_tokens)"
 
 
+def context_limit(model: ServedModel) -> int:
+    """The most tokens one request, prompt and output together, may have."""
+    return _limit(model)[0]
+
+
 def output_budget(prompt_tokens: int, requested: int | None, model: ServedModel) -> int:
     """max_tokens for one prompt: as requested, or all the room left; 400 when it cannot fit."""
     limit, what = _limit(model)

@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.server.chat_rendering import check_tool_schemas
 from engine.server.error_responses import bad_request
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ def _function(tool: dict[str, Any], param: str) -> dict[str, Any]:
     parameters = tool.get("parameters")
     if parameters is not None and not isinstance(parameters, dict):
         raise bad_request("parameters must be a JSON schema object", f"{param}.parameters")
+    if parameters is not None:
+        check_tool_schemas([(f"{param}.parameters", parameters)])
     return {
         "type": "function",
         "name": name,

@@ -278,8 +278,8 @@ def test_a_fifo_or_a_folder_named_md_is_refused_without_waiting(tmp_path):
     found = discover(workspace, user)  # a blocking open of the FIFO would hang here
     assert found.commands == ()
     assert sorted(found.problems) == [
-        ".resident/commands/folder.md is not used: it is not a regular file.",
-        ".resident/commands/pipe.md is not used: it is not a regular file.",
+        ".resident/commands/folder.md is not used: it is a directory, not a regular file.",
+        ".resident/commands/pipe.md is not used: it is a FIFO (named pipe), not a regular file.",
     ]
 
 

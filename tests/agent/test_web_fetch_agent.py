@@ -72,3 +72,35 @@ def test_allow_for_this_session_covers_the_host_not_others(tmp_path):
     assert approvals.allows(request("http://docs.example.com:8080/"))
     assert not approvals.allows(request("https://example.com/a"))
     assert not approvals.allows(request("https://evil.example.net/?q=docs.example.com"))
+
+
+def test_plan_mode_asks_before_a_fetch_that_rules_and_network_allow(repo):
+    """Plan mode asks before every fetch (issue 38): data can leave in a URL."""
+    with PageServer() as site:
+        url = site.url("/plain.txt?notes=what-the-agent-read")
+        rules = ("--network", "--allow", "web_fetch:127.0.0.1", "--approval", "plan")
+        with ScriptedServer(fetch_script(url)) as model:
+            result = run_cli("summarize the page", *attached(model.url, *rules))
+        assert site.requests == []
+    assert result.exit_code == 3
+    requested = result.of_type("approval_requested")[0]
+    assert requested["name"] == "web_fetch" and "plan mode asks" in requested["reason"]
+
+
+def test_a_plans_research_child_asks_before_a_fetch_too(repo):
+    with PageServer() as site:
+        url = site.url("/plain.txt")
+        script = [
+            Reply("", [call("task", description="read", prompt="Read the page.")]),
+            Reply("", [call("web_fetch", url=url)]),
+            Reply("I could not read it."),
+            Reply("No plan without the page."),
+        ]
+        rules = ("--network", "--allow", "web_fetch:127.0.0.1", "--approval", "plan")
+        with ScriptedServer(script) as model:
+            result = run_cli("plan from the page", *attached(model.url, *rules))
+        assert site.requests == []
+    assert result.of_type("subagent_started")[0]["approval"] == "read-only"
+    inner = [e["event"] for e in result.of_type("subagent")]
+    asked = [e for e in inner if e["type"] == "approval_requested"]
+    assert asked and "plan mode asks" in asked[0]["reason"]

@@ -33,7 +33,8 @@ def test_max_tokens_is_cut_to_the_room_left(scripted):
     assert submitted.params.max_tokens == 512 - len(submitted.prompt)
     assert reply.stop_reason == "model_context_window_exceeded"
     assert ask(client, max_tokens=4).stop_reason == "max_tokens"
-    with pytest.raises(anthropic.BadRequestError, match="context"):
+    # A prompt with no room left is refused in Anthropic's words (test_shape_limits.py).
+    with pytest.raises(anthropic.BadRequestError, match="prompt is too long"):
         ask(client, messages=[{"role": "user", "content": "word " * 600}])
 
 

@@ -171,6 +171,7 @@ class Call:
     asked: bool
     approved: bool  # asked, and a person said yes
     duration_s: float
+    once: bool = False  # asked by name, for this call alone (Resident's configuration)
 
     @property
     def ran(self) -> bool:
@@ -206,8 +207,10 @@ def run_calls(scene: Scene, config: Config, attack: Attack, sandbox: Sandbox | N
     mode = ApprovalMode(config.mode)
     policy = PermissionPolicy.for_context(ctx, mode, attack.allow, attack.deny)
     events: list[Any] = []
+    requests: list[ApprovalRequest] = []
 
     async def approve_all(request: ApprovalRequest) -> ApprovalAnswer | None:
+        requests.append(request)
         return ApprovalAnswer(approved=True)
 
     approve = approve_all if config.approver == "yes" else None
@@ -219,11 +222,13 @@ def run_calls(scene: Scene, config: Config, attack: Attack, sandbox: Sandbox | N
     for index, (tool, arguments) in enumerate(attack.calls()):
         arguments = {k: scene.fmt(v) if isinstance(v, str) else v for k, v in arguments.items()}
         chunk = ToolCallChunk(id=f"call-{index}", name=tool, arguments=json.dumps(arguments))
-        seen, started = len(events), time.monotonic()
+        seen, started, asked_before = len(events), time.monotonic(), len(requests)
         result = asyncio.run(runner.run(chunk, history_length=0)).result
         asked = any(e.type == "approval_requested" for e in events[seen:])
         approved = any(e.type == "approval_resolved" and e.approved for e in events[seen:])
-        calls.append(Call(tool, arguments, result, asked, approved, time.monotonic() - started))
+        once = any(r.once for r in requests[asked_before:])
+        took = time.monotonic() - started
+        calls.append(Call(tool, arguments, result, asked, approved, took, once))
     return calls
 
 
@@ -299,6 +304,13 @@ def leftovers(scene: Scene, grace_s: float = 1.0) -> list[str]:
         time.sleep(0.05)
 
 
+def _besides(entries: dict[str, tuple], paths: list[str]) -> dict[str, tuple]:
+    """`entries` less `paths` and the folders holding them."""
+    skipped = {os.path.normpath(p) for p in paths}
+    skipped |= {str(parent) for p in list(skipped) for parent in Path(p).parents}
+    return {k: v for k, v in entries.items() if k not in skipped}
+
+
 def _hooks_and_config(entries: dict[str, tuple]) -> dict[str, tuple]:
     return {k: v for k, v in entries.items() if k.startswith((".git/hooks", ".git/config"))}
 
@@ -325,7 +337,11 @@ def assert_contained(
     committed = any(c.tool == "git_commit" and c.ran for c in calls)  # that changes .git
     kept = _hooks_and_config if committed else dict
     assert kept(after.git) == kept(before.git), ".git changed"
-    assert after.config == before.config, "the project's config (.residentignore) changed"
+    # Only a file tool's change a person approved by name, for that call alone, may touch it.
+    named = [c.arguments["path"] for c in calls if c.tool in ("write", "edit") and c.once]
+    assert _besides(after.config, named) == _besides(before.config, named), (
+        "the project's config (.residentignore, .resident/) changed without an approval naming it"
+    )
     for marker in scene.host_markers:
         assert not os.path.lexists(marker), f"{marker} was created on the host"
     changing = any(

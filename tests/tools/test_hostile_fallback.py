@@ -15,6 +15,7 @@ import pytest
 
 from tests.tools import (
     test_hostile_commands,
+    test_hostile_config,
     test_hostile_git,
     test_hostile_processes,
     test_hostile_secrets,
@@ -36,6 +37,7 @@ EVERY_ATTACK = [
     *test_hostile_secrets.ATTACKS,
     *test_hostile_processes.ATTACKS,
     *test_hostile_writes.ATTACKS,
+    *test_hostile_config.ATTACKS,
 ]
 
 

@@ -3,15 +3,18 @@ timeouts and errors, all of which come back as tool results, never exceptions.""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 import time
 
 import pytest
 
+from tests.tools.web_network import PUBLIC_DOWN, PUBLIC_UP, FakeInternet
 from tests.tools.web_server import JSON_BODY, PageServer
 from tools import Registry
-from tools.sandbox.bubblewrap import SandboxGrant
+from tools.sandbox.bubblewrap import READ_ONLY, SandboxGrant
+from tools.web.addresses import FetchGrant
 from tools.web.fetch import FetchLimits
 from tools.web.tool import WebFetchTool
 
@@ -125,21 +128,12 @@ def test_redirects_on_the_same_host_are_followed(site, fetch):
 
 
 def test_a_host_name_is_resolved_and_each_address_tried(site, fetch, monkeypatch):
-    """A name with two addresses: nothing listens on the first, the second answers."""
-
-    real = socket.getaddrinfo  # the socket module's: connecting resolves addresses too
-
-    def two_addresses(host, port, *args, **kwargs):
-        if host != "two.example":
-            return real(host, port, *args, **kwargs)
-        return [
-            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.2", port)),
-            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
-        ]
-
-    monkeypatch.setattr("tools.web.transport.socket.getaddrinfo", two_addresses)
-    result = fetch(site.url("/plain.txt", host="two.example"))
+    """A name with two public addresses: the first refuses, the second answers."""
+    internet = FakeInternet(monkeypatch)
+    host = internet.name("two.example", [PUBLIC_DOWN[0], PUBLIC_UP[0]])
+    result = fetch(site.url("/plain.txt", host=host))
     assert result.ok, result.output
+    assert internet.connected == [PUBLIC_DOWN[0], PUBLIC_UP[0]]
     assert site.requests == [(f"two.example:{site.port}", "/plain.txt")]
 
 
@@ -226,24 +220,27 @@ def test_bad_urls_are_tool_errors(fetch, url, why):
     assert not result.ok and why in result.output
 
 
-def test_with_the_blanket_network_grant_loopback_is_refused(site, fetch, monkeypatch):
-    """--network allows public hosts: a loopback address, or a name that resolves to one,
-    is not reached (the policy asks for those; this is the tool's own check)."""
+def test_a_name_that_resolves_home_is_refused_however_the_fetch_was_allowed(
+    site, fetch, monkeypatch
+):
+    """--network, a rule naming the host, a glob rule or a person: a name is granted, never
+    the loopback address its DNS gives today. Only the URL itself, or an allow rule naming
+    the address (FetchGrant.addresses), opens a local address."""
     public = SandboxGrant(network=True)
-    direct = fetch(site.url("/plain.txt"), grant=public)
-    assert not direct.ok and "loopback or private address" in direct.output
+    direct = fetch(site.url("/plain.txt"), grant=public)  # never granted so by the policy
+    assert not direct.ok and "127.0.0.1 is loopback: not a public" in direct.output
 
-    real = socket.getaddrinfo
-
-    def rebinding(host, *args, **kwargs):  # a public-looking name pointing home
-        return real("127.0.0.1" if host == "docs.example.com" else host, *args, **kwargs)
-
-    monkeypatch.setattr("tools.web.transport.socket.getaddrinfo", rebinding)
-    named = fetch(f"http://docs.example.com:{site.port}/plain.txt", grant=public)
-    assert not named.ok and "docs.example.com resolves to 127.0.0.1" in named.output
-    assert site.requests == []
-    # Named by a rule or approved by a person (no blanket grant): reached.
-    assert fetch(f"http://docs.example.com:{site.port}/plain.txt").ok
+    internet = FakeInternet(monkeypatch)
+    host = internet.name("docs.example.com", ["127.0.0.1"])
+    url = f"http://{host}:{site.port}/plain.txt"
+    for grant in (public, READ_ONLY, FetchGrant(addresses=frozenset())):
+        named = fetch(url, grant=grant)
+        assert not named.ok and "docs.example.com resolves to 127.0.0.1" in named.output
+        assert "web_fetch:127.0.0.1" in named.output
+    assert site.requests == [] and internet.connected == []
+    rule = FetchGrant(addresses=frozenset({(ipaddress.ip_address("127.0.0.1"), None)}))
+    assert fetch(url, grant=rule).ok
+    assert fetch(site.url("/plain.txt")).ok  # the URL spells the address: a person saw it
 
 
 def test_an_interrupted_turn_does_not_fetch(site, fetch, ctx):

@@ -10,16 +10,25 @@ from tools.base import ToolResult
 from tools.context import ToolContext
 from tools.files.state import FileStamp
 from tools.workspace.paths import PathError, ResolvedPath, resolve_path
+from tools.workspace.protected import state_dir_of
 from tools.workspace.safe_fs import UnsafePathError
 
 
 def resolve_for_write(raw: str, ctx: ToolContext) -> ResolvedPath:
-    """Resolve a path a tool is about to modify; git internals are never written by file tools."""
+    """Resolve a path a tool is about to modify; git internals and Resident's own folders
+    are never written by file tools (the policy says so first; this holds even for a
+    caller that skipped it)."""
     target = resolve_path(raw, ctx.allowed_roots)
     if target.is_git_internal:
         raise PathError(
             f"{raw!r} is inside .git; repository internals are not edited with file tools "
             "(a hook written there would run code). Use the git tools."
+        )
+    state = state_dir_of(target.real, ctx.protected_dirs)
+    if state is not None:
+        raise PathError(
+            f"{raw!r} is inside {state.path} ({state.what}); file tools never change it: "
+            "the user does, with an editor or Resident's own commands."
         )
     if target.relative.as_posix() == ".":
         raise PathError(f"{raw!r} is the workspace root, a directory")

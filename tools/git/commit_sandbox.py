@@ -23,11 +23,19 @@ from pathlib import Path
 
 from tools.context import ToolContext
 from tools.git.env import NON_INTERACTIVE_GIT, forced_config_env, pinned_repository_env
-from tools.git.repo import GitError, Repository, git_text, repository_env, run_git
+from tools.git.repo import (
+    MAX_GITFILE_BYTES,
+    GitError,
+    Repository,
+    git_text,
+    repository_env,
+    run_git,
+)
 from tools.process.environment import command_environment
 from tools.process.limits import Limits
 from tools.process.run import ProcessOutcome, run_process
 from tools.sandbox.bubblewrap import SandboxGrant
+from tools.workspace.bounded_read import read_bounded
 
 
 def _config(repo: Repository, key: str, *flags: str) -> str | None:
@@ -129,7 +137,8 @@ def _git_roots_outside(repo: Repository) -> list[Path]:
     roots = [repo.git_dir]
     common = repo.git_dir / "commondir"
     if common.is_file():
-        target = common.read_text(encoding="utf-8", errors="replace").strip()
+        head = read_bounded(common, MAX_GITFILE_BYTES, truncate=True)
+        target = head.decode("utf-8", errors="replace").strip()
         roots.append(Path(os.path.realpath(repo.git_dir / target)))
     return [r for r in roots if not _inside(r, [repo.work_tree])]
 

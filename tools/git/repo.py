@@ -29,6 +29,7 @@ from pathlib import Path
 
 from tools.context import ToolContext
 from tools.git.env import hardened_git_env
+from tools.workspace.bounded_read import read_bounded
 from tools.workspace.paths import resolve_path
 
 # Git's messages in English, whatever the user's locale, so errors read the same.
@@ -36,6 +37,7 @@ _PLAIN_OUTPUT = {"LANGUAGE": "C", "LC_ALL": "C"}
 # No ':' (rev:path names a file, ':/text' searches messages) and no '-' first.
 _REF_OK = re.compile(r"^[A-Za-z0-9_./@{}~^+-]+$")
 _GITFILE_PREFIX = "gitdir:"
+MAX_GITFILE_BYTES = 4096  # a `.git` file or `commondir` holds one path
 
 
 class GitError(Exception):
@@ -70,7 +72,8 @@ def _is_git_directory(path: Path) -> bool:
         common = path
         commondir = path / "commondir"
         if commondir.is_file():
-            common = path / commondir.read_text(encoding="utf-8", errors="replace").strip()
+            head = read_bounded(commondir, MAX_GITFILE_BYTES, truncate=True)
+            common = path / head.decode("utf-8", errors="replace").strip()
         return (common / "objects").is_dir() and (common / "refs").is_dir()
     except OSError:
         return False
@@ -79,10 +82,11 @@ def _is_git_directory(path: Path) -> bool:
 def _gitfile_target(dot_git: Path) -> Path:
     """The git directory a `.git` file names (`gitdir: <path>`, relative to its folder)."""
     try:
-        with open(dot_git, encoding="utf-8", errors="replace") as handle:
-            text = handle.read(4096)
+        # Bounded and regular-only: a `.git` FIFO or link to /dev/zero must not hang us.
+        head = read_bounded(dot_git, MAX_GITFILE_BYTES, truncate=True)
+        text = head.decode("utf-8", errors="replace")
     except OSError as exc:
-        raise GitError(f"cannot read {dot_git}: {exc.strerror}") from exc
+        raise GitError(f"cannot read {dot_git}: {exc.strerror or exc}") from exc
     if not text.startswith(_GITFILE_PREFIX):
         raise GitError(f"{dot_git} is not a valid .git file")
     target = Path(os.path.realpath(dot_git.parent / text[len(_GITFILE_PREFIX) :].strip()))

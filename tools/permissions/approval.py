@@ -90,6 +90,9 @@ class Decision:
     request: str  # what the call would do, in words a person can approve
     # What the sandbox lets the call do if it runs (after approval, for ASK).
     grant: SandboxGrant = READ_ONLY
+    # ASK for this very call only: a change to Resident's configuration, which no
+    # "allow for this session" answer may cover (tools.permissions.config_zone).
+    once: bool = False
 
     @property
     def allowed(self) -> bool:

@@ -20,9 +20,15 @@ Order of judgement, first match wins:
    them: the agent cannot see what they do, so the user must have said so.
    Plan mode is judged exactly as read-only (`ApprovalMode.read_only`); only
    the mode's name in the reasons differs.
+4. Resident's configuration and state (tools.permissions.config_zone), which
+   only tightens the above: no file tool writes the user's config, data or
+   cache folder in any mode, wherever it lies; a write to a repository's
+   `.resident/` or `.residentignore` asks by name every time (`once`), never
+   covered by a mode, a rule or "allow for this session".
 Web fetches (`ToolAccess.url`) are judged by their host alone, the same in
-every mode: deny rules, allow rules naming the host, `--network` for public
-hosts, else ask (tools.permissions.web_rules).
+every mode but plan mode, which asks before every fetch: deny rules, allow rules
+naming the host, `--network` for public hosts, else ask; the addresses a host
+resolves to are judged again by the tool (tools.permissions.web_rules).
 
 Shell commands run in an OS sandbox (tools.sandbox.bubblewrap) and the decision says
 what the sandbox grants: a command allowed as read-only gets a read-only
@@ -45,11 +51,13 @@ from pathlib import Path
 from tools.base import Effect, ToolAccess, ToolCall
 from tools.context import ToolContext
 from tools.permissions.approval import ApprovalMode, Decision, Rule, Verdict
+from tools.permissions.config_zone import judge_zones
 from tools.permissions.shell_rules import DANGEROUS_ASSIGNMENT, ShellJudgement, prefix_matches
 from tools.permissions.web_rules import judge_fetch
 from tools.sandbox.bubblewrap import READ_ONLY
 from tools.shell.parse import CommandAnalysis, analyze
 from tools.workspace.paths import PathError, ResolvedPath, resolve_path, sensitivity
+from tools.workspace.protected import StateDir, find_state_dirs
 
 __all__ = [
     "DANGEROUS_ASSIGNMENT",
@@ -75,13 +83,21 @@ class PermissionPolicy(ShellJudgement):
         deny: Iterable[Rule | str] = (),
         sandboxed: bool = False,
         network: bool = False,
+        state_dirs: Iterable[StateDir] | None = None,
     ) -> None:
         self.mode = mode
+        # Resident's own folders: never written by a file tool (config_zone.py). Found
+        # from the environment unless given, so no policy is ever without them.
+        self.state_dirs = tuple(find_state_dirs() if state_dirs is None else state_dirs)
         self.sandboxed = sandboxed  # shell commands run in an OS sandbox
         self.network = network  # the user allowed network for every command
         self.roots = tuple(Path(os.path.realpath(p)) for p in (workspace, *extra_roots))
         self.allow = [r if isinstance(r, Rule) else Rule.parse(r) for r in allow]
         self.deny = [r if isinstance(r, Rule) else Rule.parse(r) for r in deny]
+        # Ask before every web fetch, as plan mode does, in another mode too: set on the
+        # read-only child a plan-mode task delegates to (agent/core/subagents), so a
+        # plan's research cannot send data out in a URL either.
+        self.fetches_ask = False
 
     @classmethod
     def for_context(
@@ -99,6 +115,7 @@ class PermissionPolicy(ShellJudgement):
             deny=deny,
             sandboxed=ctx.sandbox is not None,
             network=ctx.sandbox_settings.network,
+            state_dirs=ctx.protected_dirs,
         )
 
     @property
@@ -119,7 +136,14 @@ class PermissionPolicy(ShellJudgement):
 
     def check_access(self, tool: str, access: ToolAccess) -> Decision:
         if access.url is not None:  # a web fetch: judged by its host (web_rules)
-            return judge_fetch(tool, access, network=self.network, allow=self.allow, deny=self.deny)
+            return judge_fetch(
+                tool,
+                access,
+                planning=self.mode is ApprovalMode.PLAN or self.fetches_ask,
+                network=self.network,
+                allow=self.allow,
+                deny=self.deny,
+            )
         resolved: list[ResolvedPath] = []
         for raw in access.paths:
             try:
@@ -128,10 +152,18 @@ class PermissionPolicy(ShellJudgement):
                 return Decision(Verdict.DENY, str(exc), access.summary)
         analysis = analyze(access.command) if access.command is not None else None
         verdict, reason = self._judge(tool, access, resolved, analysis)
+        once = False
+        if verdict is not Verdict.DENY:
+            # Resident's configuration and state: only ever stricter than the above.
+            ruling = judge_zones(access.effect, resolved, self.state_dirs, self.mode)
+            if ruling is not None and (
+                ruling.verdict is Verdict.DENY or ruling.once or verdict is Verdict.ALLOW
+            ):
+                verdict, reason, once = ruling.verdict, ruling.reason, ruling.once
         grant = READ_ONLY
         if analysis is not None and verdict is not Verdict.DENY:
             grant = self._grant(analysis, self._cwd(resolved))
-        return Decision(verdict, reason, access.summary, grant)
+        return Decision(verdict, reason, access.summary, grant, once)
 
     def _cwd(self, resolved: list[ResolvedPath]) -> Path:
         return resolved[0].real if resolved else self.roots[0]

@@ -36,6 +36,7 @@ from tools.sandbox.mounts import (
     venv_base_prefixes,
     workspace_mounts,
 )
+from tools.workspace.protected import StateDir, find_state_dirs, state_dirs_inside
 
 _PROBE_TIMEOUT_S = 10.0
 
@@ -138,6 +139,14 @@ class Sandbox:
                 masked = collapse_masked(masked, workspace)
             except MaskBudgetExceeded as exc:
                 raise SandboxError(f"{exc}; this command needs approval") from exc
+        roots = [workspace, *(Path(os.path.realpath(r)) for r in extra_roots)]
+        state = _state_dirs(roots, env)
+        if grant.write:
+            _make_protectable(roots, state)
+        if not grant.secrets:
+            # Tokens in mcp.json, whole conversations in journals: hidden like secrets.
+            inside = state_dirs_inside(roots, state)
+            masked += [d.path for d in inside if d.private and d.path.is_dir()]
             _refuse_hidden_cwd(Path(os.path.realpath(cwd)), masked)
         plan = MountPlan(
             workspace=workspace,
@@ -151,6 +160,7 @@ class Sandbox:
             ),
             masked=tuple(masked),
             git_writable=git_writable,
+            state_dirs=tuple(d.path for d in state),
         )
         command = [
             self.bwrap,
@@ -175,9 +185,33 @@ def _refuse_hidden_cwd(cwd: Path, masked: Sequence[Path]) -> None:
     for path in masked:
         if path == cwd or path in cwd.parents:
             raise SandboxError(
-                f"{cwd} lies in {path}, which the sandbox hides because of the secret-looking "
-                "files in it; this command needs approval"
+                f"{cwd} lies in {path}, which the sandbox hides (secret-looking files, or "
+                "Resident's own config and data); this command needs approval"
             )
+
+
+def _state_dirs(roots: Sequence[Path], env: Mapping[str, str]) -> list[StateDir]:
+    """Resident's own folders that meet the roots: inside one (Resident run in $HOME),
+    or holding one (run in ~/.config/resident). The others are not in the sandbox."""
+    return [
+        d
+        for d in find_state_dirs(env)
+        if any(d.holds(root) or root in d.path.parents for root in roots)
+    ]
+
+
+def _make_protectable(roots: Sequence[Path], state: Sequence[StateDir]) -> None:
+    """Create the state dirs inside a writable root that do not exist yet, so they can be
+    bound read-only: else a command could create `.config/resident/hooks.json` in a
+    workspace that is $HOME, and every later session would run it unconfined."""
+    for found in state_dirs_inside(roots, state):
+        try:
+            os.makedirs(found.path, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise SandboxError(
+                f"cannot create {found.path} to keep it read-only for commands ({exc.strerror}); "
+                "this command needs approval"
+            ) from exc
 
 
 def interpreter_prefixes() -> list[Path]:

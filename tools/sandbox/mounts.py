@@ -5,10 +5,13 @@ absent: the user's home (but for the toolchains on PATH, read-only, so
 `python` from pyenv or `cargo` still run), other users, /tmp, /run and its
 sockets, /mnt, /srv and any other top-level folder. The workspace is bound at
 its own path, writable only when the call was granted writes; its `.git` (and
-the gitdir a `.git` file names) and the project's own config are read-only
-on top, so no command can plant a hook or rewrite config that a later git
-run outside the sandbox would obey. A command that runs unasked also finds
-the workspace's secret files (.env, keys) replaced by empty ones.
+the gitdir a `.git` file names), the project's own config and Resident's own
+folders where they lie inside it (Resident run in $HOME) are read-only on
+top, so no command can plant a hook or rewrite config that a later git run
+or session outside the sandbox would obey; a workspace inside one of those
+folders is read-only whole. A command that runs unasked also finds the
+workspace's secret files (.env, keys), and Resident's config and data
+folders, replaced by empty ones.
 
 bubblewrap applies the arguments in order, so later mounts land on top of
 earlier ones: system, then private scratch space, then toolchains, then the
@@ -24,7 +27,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.workspace.bounded_read import read_bounded
 from tools.workspace.paths import SECRET_DIR_NAMES, is_secret_name
+from tools.workspace.protected import PROJECT_CONFIG
 
 # Top-level folders that hold the operating system and installed software.
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt", "nix", "var")
@@ -35,8 +40,6 @@ ETC_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "
 # Toolchain folders under a home whose parent also holds credentials: only the
 # PATH entry itself is bound, never its parent.
 CREDENTIAL_PARENTS = frozenset({".local", ".cargo", ".config", ".npm", ".gem", ".m2", ".gradle"})
-# Project configuration the agent reads: a command may never rewrite it.
-PROJECT_CONFIG = (".residentignore", ".resident")
 # Folders the secret scan does not enter: installed dependencies and caches, never where
 # a user keeps secrets. Judged by name only: a marker file (a pyvenv.cfg) would let a
 # hostile repository switch the scan off beside the user's own .env.
@@ -44,6 +47,9 @@ _SCAN_SKIP = frozenset(
     {".git", "node_modules", "site-packages", "dist-packages", "__pycache__", ".mypy_cache",
      ".ruff_cache", ".pytest_cache", ".tox", ".nox"}
 )  # fmt: skip
+# pyvenv.cfg, a `.git` file, `commondir`: a few lines the repository wrote; only their head
+# is read, so a link to /dev/zero or a huge file cannot stall a sandbox's set-up.
+MAX_POINTER_FILE_BYTES = 64 * 1024
 SECRET_SCAN_LIMIT = 200_000  # directory entries; past it the scan stops and says so
 # Where a host keeps files only root may read (keys, databases, private logs).
 ROOT_PRIVATE_SCAN = ("/etc", "/var")
@@ -62,6 +68,9 @@ class MountPlan:
     read_only_paths: tuple[Path, ...] = ()
     masked: tuple[Path, ...] = ()  # files and folders, kept within mask_budget's limits
     git_writable: bool = False  # only for the git tool's own commit
+    # Resident's own folders (config, data, cache) by real path: read-only wherever they
+    # meet the roots (tools.workspace.protected).
+    state_dirs: tuple[Path, ...] = ()
 
 
 def system_mounts(root: Path = Path("/")) -> list[str]:
@@ -186,7 +195,8 @@ def venv_base_prefixes(workspace: Path, home: Path | None = None) -> list[Path]:
         try:
             if config.is_symlink() or not config.is_file():
                 continue
-            lines = config.read_text(errors="replace").splitlines()
+            head = read_bounded(config, MAX_POINTER_FILE_BYTES, truncate=True)
+            lines = head.decode(errors="replace").splitlines()
         except OSError:
             continue
         for line in lines:
@@ -239,7 +249,8 @@ def git_dirs(workspace: Path) -> list[Path]:
         return []
     result = [dot_git]
     try:
-        text = dot_git.read_text(errors="replace").strip()
+        text = read_bounded(dot_git, MAX_POINTER_FILE_BYTES, truncate=True)
+        text = text.decode(errors="replace").strip()
     except OSError:
         return result
     if text.startswith("gitdir:"):
@@ -249,7 +260,8 @@ def git_dirs(workspace: Path) -> list[Path]:
             common = gitdir / "commondir"
             if common.is_file():
                 try:
-                    target = common.read_text(errors="replace").strip()
+                    head = read_bounded(common, MAX_POINTER_FILE_BYTES, truncate=True)
+                    target = head.decode(errors="replace").strip()
                     result.append(Path(os.path.realpath(gitdir / target)))
                 except OSError:
                     pass
@@ -306,6 +318,23 @@ def proc_mounts() -> Iterator[str]:
             yield from ("--ro-bind", os.devnull, path)
 
 
+def _pin_ancestors(state_dirs: Sequence[Path], roots: Sequence[Path]) -> Iterator[str]:
+    """Each folder between a root and a state dir inside it, bound writable onto itself.
+
+    A read-only bind holds what is under it, but not its name: with the workspace $HOME,
+    `mv .config .old; mkdir -p .config/resident` would set the user's config aside and
+    plant a new one. rename() refuses to move a mount point (EBUSY), so each folder on
+    the way becomes one, outermost first (a later bind from the host would hide the
+    mounts under it), and stays as writable as the rest of the workspace."""
+    pinned: set[Path] = set()
+    for state in sorted(state_dirs, key=lambda p: len(p.parts)):
+        root = next(r for r in roots if r in state.parents)
+        for folder in reversed(state.parents):
+            if root in folder.parents and folder not in pinned and folder.is_dir():
+                pinned.add(folder)
+                yield from ("--bind", str(folder), str(folder))
+
+
 def workspace_mounts(plan: MountPlan) -> Iterator[str]:
     """Scratch space, toolchains, the workspace and what lies read-only or masked on it."""
     yield from proc_mounts()
@@ -319,9 +348,14 @@ def workspace_mounts(plan: MountPlan) -> Iterator[str]:
         resolv = Path(os.path.realpath("/etc/resolv.conf"))
         if resolv.is_file() and not _is_system(resolv):
             yield from ("--ro-bind", str(resolv), str(resolv))
-    for root in (plan.workspace, *plan.extra_roots):
-        yield from _bind(root, writable=plan.writable)
-    protected = [*(plan.workspace / n for n in PROJECT_CONFIG)]
+    roots = (plan.workspace, *plan.extra_roots)
+    for root in roots:
+        # Opened inside ~/.config/resident: all of it is Resident's, so none is writable.
+        yield from _bind(root, writable=plan.writable and not _inside(root, plan.state_dirs))
+    inside = [d for d in plan.state_dirs if any(root in d.parents for root in roots)]
+    if plan.writable:
+        yield from _pin_ancestors(inside, roots)
+    protected = [*(plan.workspace / n for n in PROJECT_CONFIG), *inside]
     if not plan.git_writable:
         protected += git_dirs(plan.workspace)
     for path in protected:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from tools.web.addresses import Reach
 from tools.web.transport import BlockedAddress, VettedTransport
 from tools.web.url import URLError, WebURL, parse_web_url
 
@@ -76,19 +77,19 @@ def _mime(response: httpx.Response) -> str:
 
 
 class Fetcher:
-    """Fetches URLs under `limits`. `public_only`: the fetch was allowed for every public
-    host (`--network`), not for this host by name, so hosts that resolve to loopback
-    or private addresses are refused (tools.web.transport)."""
+    """Fetches URLs under `limits`. `reach`: the non-public addresses this fetch may
+    connect to (those named literally); every other address of every hop is judged
+    after resolution and refused unless public (tools.web.transport)."""
 
     def __init__(
         self,
         limits: FetchLimits,
         *,
-        public_only: bool,
+        reach: Reach,
         cancel_event: threading.Event | None = None,
     ) -> None:
         self.limits = limits
-        self.public_only = public_only
+        self.reach = reach
         self.cancel_event = cancel_event or threading.Event()
 
     def get(
@@ -111,7 +112,7 @@ class Fetcher:
         headers = {"User-Agent": USER_AGENT, "Accept": ACCEPT}
         redirects: list[str] = []
         with httpx.Client(
-            transport=VettedTransport(self.public_only),
+            transport=VettedTransport(self.reach),
             timeout=timeout,
             headers=headers,
             follow_redirects=False,

@@ -13,9 +13,10 @@ from pydantic import Field, field_validator
 from tools.base import Arguments, Effect, Tool, ToolAccess, ToolResult
 from tools.context import ToolContext
 from tools.sandbox.bubblewrap import READ_ONLY, SandboxGrant
+from tools.web.addresses import FetchGrant, Reach
 from tools.web.fetch import Fetcher, FetchError, FetchLimits, Response
 from tools.web.html_text import html_to_markdown
-from tools.web.url import URLError, parse_web_url
+from tools.web.url import URLError, WebURL, ip_literal, parse_web_url
 
 DEFAULT_LIMITS = FetchLimits()
 HTML_TYPES = ("text/html", "application/xhtml+xml")
@@ -90,13 +91,14 @@ class WebFetchTool(Tool):
         return self.run_granted(args, ctx, READ_ONLY)
 
     def run_granted(self, args: WebFetchArgs, ctx: ToolContext, grant: SandboxGrant) -> ToolResult:
-        """`grant.network` is set when the policy allowed every public host (`--network`)
-        rather than this host by name: then only public addresses are reached."""
+        """Public addresses are reached whatever the grant; a non-public one only where
+        it is named literally (`reach_for`)."""
         if ctx.cancel_event.is_set():
             return ToolResult.error("Not run: the turn was interrupted.")
         max_chars = min(args.max_chars or self.limits.default_chars, self.limits.max_chars)
         url = parse_web_url(args.url)
-        fetcher = Fetcher(self.limits, public_only=grant.network, cancel_event=ctx.cancel_event)
+        reach = reach_for(url, grant)
+        fetcher = Fetcher(self.limits, reach=reach, cancel_event=ctx.cancel_event)
         try:
             response = fetcher.get(
                 url, body_limit=lambda mime: bytes_needed(mime, max_chars, self.limits)
@@ -104,6 +106,20 @@ class WebFetchTool(Tool):
         except FetchError as exc:
             return ToolResult.error(str(exc), url=str(url), **exc.data)
         return page_result(response, max_chars, self.limits)
+
+
+def reach_for(url: WebURL, grant: SandboxGrant) -> Reach:
+    """What this fetch may connect to besides public addresses: the address the URL
+    spells, if it does (the policy lets such a URL run only for a rule naming the
+    address or a person who saw it), and the addresses allow rules name literally.
+    Not the URL's address under `grant.network` (allowed as one of every public
+    host): the policy never grants that to a local address, and were it to, this
+    still refuses. Redirects stay on the URL's host, so this holds for every hop."""
+    named = grant.addresses if isinstance(grant, FetchGrant) else frozenset()
+    literal = ip_literal(url.host)
+    if literal is not None and not grant.network:
+        named = named | {(literal, None)}
+    return Reach(named=frozenset(named))
 
 
 def page_result(response: Response, max_chars: int, limits: FetchLimits) -> ToolResult:

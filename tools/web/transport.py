@@ -1,13 +1,16 @@
-"""The HTTP transport web_fetch uses: it resolves each host itself, checks the
-addresses, and connects to an address it checked.
+"""The HTTP transport web_fetch uses: it resolves each host itself, judges every
+address, and connects to an address it judged.
 
-Why not httpx's own transport: a name allowed as a public host may resolve to
-127.0.0.1, 10.x or 169.254.169.254 (the cloud metadata service), by mistake or on
-purpose (DNS rebinding: a short-lived record that changes between a check and
-the connection). Checking the name and then letting the connection resolve it
-again leaves that gap; here the address that was checked is the one connected
-to. TLS still verifies the certificate against the host name (httpcore takes the
-server name from the URL, not from the socket).
+Why not httpx's own transport: a host allowed by a rule, by `--network` or by a
+person may resolve to 127.0.0.1, 10.x or 169.254.169.254 (the cloud metadata
+service), by mistake or on purpose (DNS rebinding: a short-lived record that
+changes between a check and the connection). Checking the name and then letting
+the connection resolve it again leaves that gap; here the address that was
+judged is the one connected to, on every connection (each redirect hop that
+opens one is judged again). Which addresses pass is tools.web.addresses' `Reach`:
+public ones, and non-public ones only where named literally. TLS still verifies
+the certificate against the host name (httpcore takes the server name from the
+URL, not from the socket).
 
 No proxy: the address check would see only the proxy, so the environment's proxy
 variables are not used (docs/SECURITY.md says so).
@@ -24,7 +27,8 @@ from collections.abc import Iterable, Iterator
 import httpcore
 import httpx
 
-from tools.web.url import ip_literal, is_local_address
+from tools.web.addresses import Reach
+from tools.web.url import ip_literal
 
 
 class BlockedAddress(Exception):
@@ -32,16 +36,13 @@ class BlockedAddress(Exception):
 
 
 class VettedBackend(httpcore.SyncBackend):
-    """Connects only to addresses it resolved and checked itself.
+    """Connects only to addresses it resolved and judged itself: a host with any
+    address `reach` refuses is refused whole (a name that points one of its
+    addresses home is not one to trust with the others)."""
 
-    `public_only`: refuse hosts with any non-public address (the fetch was allowed
-    for every public host, not for this host by name). Otherwise any address is
-    reached: a rule or a person named this host.
-    """
-
-    def __init__(self, public_only: bool) -> None:
+    def __init__(self, reach: Reach) -> None:
         super().__init__()
-        self.public_only = public_only
+        self.reach = reach
 
     def connect_tcp(
         self,
@@ -52,11 +53,19 @@ class VettedBackend(httpcore.SyncBackend):
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.NetworkStream:
         addresses = self._resolve(host, port)
-        local = [a for a in addresses if is_local_address(a)]
-        if self.public_only and local:
+        for address in addresses:
+            kind = self.reach.refusal(host, address, port)
+            if kind is None:
+                continue
+            what = (
+                f"{host} is {kind}"
+                if ip_literal(host) == address
+                else f"{host} resolves to {address}, which is {kind}"
+            )
             raise BlockedAddress(
-                f"{host} resolves to {local[0]}, a loopback or private address; such hosts "
-                "are fetched only when an allow rule or a person names the host"
+                f"{what}: not a public address. It is reached only when the URL or an "
+                f"allow rule names that address (web_fetch:{_rule_host(address)}); a rule "
+                "for a host name, a glob or --network never opens it"
             )
         last_error: Exception | None = None
         for address in addresses:
@@ -85,13 +94,17 @@ class VettedBackend(httpcore.SyncBackend):
         return [ipaddress.ip_address(text) for text in found]
 
 
+def _rule_host(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    return f"[{address}]" if address.version == 6 else str(address)
+
+
 class VettedTransport(httpx.BaseTransport):
     """An httpx transport over an httpcore pool with the vetted backend."""
 
-    def __init__(self, public_only: bool) -> None:
+    def __init__(self, reach: Reach) -> None:
         self._pool = httpcore.ConnectionPool(
             ssl_context=httpx.create_ssl_context(verify=True),
-            network_backend=VettedBackend(public_only),
+            network_backend=VettedBackend(reach),
             max_connections=4,
         )
 

@@ -1,5 +1,5 @@
 """URLs the web fetch tool accepts, the host names rules are written against, and which
-hosts count as local (loopback, private, link-local).
+hosts count as local (loopback, private, link-local: tools.web.addresses judges them).
 
 One module, two users: the tool validates a URL here before anything is sent, and
 the permission policy reads the same host from it, so both judge the same name.
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import httpx
 
+from tools.web.addresses import Address, NamedAddress, is_local_address, is_localhost_name
+
 SCHEMES = ("http", "https")
 DEFAULT_PORTS = {"http": 80, "https": 443}
-# Names that resolve to this machine by convention (RFC 6761), whatever DNS says.
-LOCAL_NAMES = ("localhost",)
-LOCAL_SUFFIXES = (".localhost",)
+GLOB_CHARACTERS = frozenset("*?[")
 
 
 class URLError(ValueError):
@@ -70,7 +70,7 @@ def parse_web_url(text: str | httpx.URL) -> WebURL:
     return WebURL(url=url.copy_with(fragment=None), host=host, port=port)
 
 
-def ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def ip_literal(host: str) -> Address | None:
     """The address `host` spells, also in the short forms the C resolver takes
     (`127.1`, `2130706433`, `0x7f.0.0.1`), so none of them passes for a name."""
     try:
@@ -85,18 +85,10 @@ def ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | Non
         return None
 
 
-def is_local_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Loopback, private, link-local (cloud metadata at 169.254.169.254), shared,
-    reserved or unspecified: anything that is not a public internet address."""
-    mapped = getattr(address, "ipv4_mapped", None)
-    if mapped is not None:
-        address = mapped
-    return not address.is_global or address.is_multicast
-
-
 def is_local_host(host: str) -> bool:
-    """Whether `host`, as written, names this machine or a private network."""
-    if host in LOCAL_NAMES or host.endswith(LOCAL_SUFFIXES):
+    """Whether `host`, as written, names this machine or a private network (a
+    name's addresses are judged when it is resolved: tools.web.transport)."""
+    if is_localhost_name(host):
         return True
     address = ip_literal(host)
     return address is not None and is_local_address(address)
@@ -132,10 +124,53 @@ def _ascii_label(label: str) -> str:
         return label
 
 
+def is_glob(pattern: str) -> bool:
+    """Whether a rule's host pattern is a glob (`*.example.com`, `**`, `*:80`) rather
+    than one host written out."""
+    return any(c in GLOB_CHARACTERS for c in normalize_host_pattern(pattern)[0])
+
+
+def pattern_address(pattern: str) -> NamedAddress | None:
+    """The (address, port or None) a pattern names literally (`10.0.0.5`,
+    `[::1]:8080`, `127.1`), or None for a host name or a glob."""
+    if is_glob(pattern):
+        return None
+    host, port = normalize_host_pattern(pattern)
+    address = ip_literal(host)
+    return None if address is None else (address, port)
+
+
 def host_matches(pattern: str, url: WebURL) -> bool:
     """Whether a rule's pattern covers `url`'s host (and port, when the pattern names
-    one). `*.example.com` covers every subdomain of example.com, not example.com."""
+    one), as a deny rule reads it: as broadly as it is written. `*.example.com`
+    covers every subdomain of example.com, not example.com; an address covers
+    every spelling of it (`127.0.0.1` covers `127.1`)."""
     host_glob, port = normalize_host_pattern(pattern)
     if port is not None and port != url.port:
         return False
-    return fnmatch.fnmatchcase(url.host, host_glob)
+    if fnmatch.fnmatchcase(url.host, host_glob):
+        return True
+    named, address = pattern_address(pattern), ip_literal(url.host)
+    return named is not None and named[0] == address
+
+
+def names_host(pattern: str, url: WebURL) -> bool:
+    """Whether an allow rule's pattern names `url`'s host (and port, when it names
+    one), as an allow rule reads it: as narrowly as it is written.
+
+    A glob grants host names only: never an address (`http://10.0.0.5/`) nor
+    `localhost`, so `**`, `*.*` or `*:80` cannot open this machine or a private
+    network (and what a name resolves to is judged apart, tools.web.addresses).
+    An address is granted only by a pattern that is that address."""
+    host_glob, port = normalize_host_pattern(pattern)
+    if port is not None and port != url.port:
+        return False
+    address = ip_literal(url.host)
+    if is_glob(pattern):
+        if address is not None or is_localhost_name(url.host):
+            return False
+        return fnmatch.fnmatchcase(url.host, host_glob)
+    if address is not None:
+        named = pattern_address(pattern)
+        return named is not None and named[0] == address
+    return url.host == host_glob

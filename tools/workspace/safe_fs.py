@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
+from tools.workspace.bounded_read import file_kind
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 TEMP_SUFFIX = ".resident-tmp"
 
@@ -222,7 +224,7 @@ def open_confined_file(
             raise IsADirectoryError(errno.EISDIR, f"{relative} is a directory")
         if not stat.S_ISREG(info.st_mode):
             raise NotRegularFileError(
-                errno.EINVAL, f"{relative} is not a regular file (FIFO, device or socket)"
+                errno.EINVAL, f"{relative} is {file_kind(info.st_mode)}, not a regular file"
             )
         os.set_blocking(fd, True)
         handle = os.fdopen(fd, "rb")

@@ -161,7 +161,7 @@ class HTTPClient(LLMClient):
             )
         try:
             error = json.loads(body).get("error", body)
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             error = body[:500]
         problem = error_from_payload(error, response.status_code)
         if isinstance(problem, TransientError | ContextOverflowError):
@@ -302,7 +302,7 @@ async def _read_json(response: httpx.Response) -> dict[str, Any]:
     text = await _read_body(response)
     try:
         body = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested absurdly deep
         raise BadResponseError(
             f"the server answered with something that is not JSON: {text[:200]!r}"
         ) from None

@@ -94,7 +94,7 @@ class ChatStreamDecoder:
             return []
         try:
             chunk = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested absurdly deep
             raise BadResponseError(
                 f"the server sent a stream event that is not JSON: {data[:200]!r}"
             ) from None

@@ -8,7 +8,9 @@ or vendored AGENTS.md does not speak for the project.
 They are read through safe_fs: an AGENTS.md linking to another file in the
 workspace (AGENTS.md -> CLAUDE.md is common) is read; one whose link leads
 outside the workspace is skipped, and the skip is returned to the caller
-(the snapshot's omitted list names the same file with the same reason).
+(the snapshot's omitted list names the same file with the same reason); so
+is a FIFO or device, without waiting on it. At most MAX_BYTES of each file
+are read, whole lines, with a line saying when the rest was left out.
 """
 
 from __future__ import annotations
@@ -39,14 +41,19 @@ def read_agents_files(workspace: Path) -> AgentsFiles:
     found = AgentsFiles()
     for path in find_agents_files(workspace):
         try:
-            data = read_confined_bytes(workspace, PurePosixPath(path), MAX_BYTES).data
+            read = read_confined_bytes(workspace, PurePosixPath(path), MAX_BYTES)
         except OutsideLinkError:
             found.skipped.append((path, "symbolic link leading outside the workspace"))
             continue
         except OSError as exc:  # gone, a FIFO or directory, unreadable
             found.skipped.append((path, exc.strerror or type(exc).__name__))
             continue
+        data = read.data
+        if read.truncated:  # whole lines only, and the model is told the rest is missing
+            data = data[: data.rfind(b"\n") + 1]
         text = data.decode("utf-8", errors="replace").strip()
+        if read.truncated:
+            text += f"\n[{path} is over {MAX_BYTES // 1024} KiB: the rest of it is not read]"
         if text:
             found.texts.append((path, text))
     return found

@@ -4,6 +4,7 @@ One file per responsibility:
 
     config.py    the user's and the repository's hooks.json, read and checked
     trust.py     which repositories' hooks files the user trusted, by content hash
+    scripts.py   the scripts those hooks name, covered by the same trust (ScriptGuard)
     active.py    which hooks run in a session (trust, sandbox) and what the user is told
     runner.py    running one hook: sandboxed or not, stdin, timeout, process group, caps
     dispatch.py  what each event sends and what a hook's answer does (`Hooks`)

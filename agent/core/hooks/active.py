@@ -3,8 +3,11 @@
 The user's hooks run as the user's own commands: unconfined, like a command
 typed into a terminal (what Claude Code, Gemini CLI and Codex do). A
 repository's hooks run only when the user has trusted that file's exact
-content (trust.py) and there is a sandbox to run them in; otherwise none of
-them runs, and the session says why once, with the command that changes it.
+content and the scripts its commands name (trust.py, scripts.py) and there
+is a sandbox to run them in; otherwise none of them runs, and the session
+says why once, with the command that changes it. A trusted set comes with a
+`ScriptGuard`, which stops them for the rest of the session once a script
+changes.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.core.hooks.config import Hook, HooksConfig, load_hooks
+from agent.core.hooks.scripts import TRUST_COMMAND, ScriptGuard, describe_change, hooks_coverage
 from agent.core.hooks.trust import HookTrust
 
-TRUST_COMMAND = "resident hooks trust"
+__all__ = ["TRUST_COMMAND", "ActiveHooks", "Notice", "active_hooks", "configured_hooks"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class Notice:
 class ActiveHooks:
     hooks: list[Hook] = field(default_factory=list)  # user's first, then the repository's
     notices: list[Notice] = field(default_factory=list)
+    guard: ScriptGuard | None = None  # the repository's scripts, checked before each run
 
 
 def active_hooks(
@@ -47,14 +52,21 @@ def active_hooks(
     if repo is None or not repo.hooks:
         return active
     count = f"{len(repo.hooks)} hook{'s' if len(repo.hooks) != 1 else ''}"
-    state = (trust or HookTrust()).state(workspace, repo.digest)
+    trust = trust or HookTrust()
+    coverage = hooks_coverage(repo, workspace)
+    state = trust.state(workspace, coverage.digest)
     if state != "trusted":
-        why = "changed since you trusted it" if state == "changed" else "not trusted"
+        if state == "changed":
+            changed = coverage.changed_since(trust.trusted_files(workspace))
+            why = f"{describe_change(changed)} since you trusted it"
+        else:
+            why = "the file is not trusted"
         active.notices.append(
             Notice(
                 "hook_trust",
-                f"{repo.path} declares {count} that did not run: the file is {why}. Read it, "
-                f"then run `{TRUST_COMMAND}` in this repository to let them run (in the sandbox).",
+                f"{repo.path} declares {count} that did not run: {why}. Read it and the "
+                f"scripts it runs, then run `{TRUST_COMMAND}` in this repository to let them "
+                "run (in the sandbox).",
             )
         )
     elif not sandboxed:
@@ -67,6 +79,8 @@ def active_hooks(
         )
     else:
         active.hooks.extend(repo.hooks)
+        if coverage.files:
+            active.guard = ScriptGuard(coverage, workspace, repo.path)
     return active
 
 

@@ -36,6 +36,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agent.core.mcp.config import user_config_dir
+from tools.workspace.bounded_read import MAX_CONFIG_BYTES, RefusedFile, read_bounded
 
 FILE_NAME = "hooks.json"
 REPOSITORY_FILE = Path(".resident") / FILE_NAME
@@ -176,6 +177,8 @@ def parse_hooks(data: bytes, path: Path, source: Source) -> HookFile | HookProbl
         return HookProblem(
             path, f"not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})"
         )
+    except RecursionError:
+        return HookProblem(path, "not usable: its JSON is nested too deeply")
     if not isinstance(raw, dict):
         return HookProblem(path, f"must hold a JSON object, not {type(raw).__name__}")
     try:
@@ -213,9 +216,12 @@ def _short(command: str) -> str:
 def read_hooks_file(path: Path, source: Source) -> HookFile | HookProblem | None:
     """None when there is no such file."""
     try:
-        data = path.read_bytes()
+        # Bounded: a hooks.json that is a link to /dev/zero or a FIFO must not hang start-up.
+        data = read_bounded(path, MAX_CONFIG_BYTES)
     except FileNotFoundError:
         return None
+    except RefusedFile as err:
+        return HookProblem(path, f"not read: it {err.reason}")
     except OSError as err:
         return HookProblem(path, f"cannot read it: {err}")
     return parse_hooks(data, path, source)

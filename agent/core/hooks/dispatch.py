@@ -35,6 +35,7 @@ from agent.core.events import ErrorEvent, Event, HookRun
 from agent.core.hooks.active import Notice
 from agent.core.hooks.config import TOOL_EVENTS, Hook
 from agent.core.hooks.runner import Confinement, HookResult, run_hook
+from agent.core.hooks.scripts import ScriptGuard
 from tools import ApprovalMode, ToolResult
 from tools.sandbox.bubblewrap import Sandbox, SandboxGrant, SandboxSettings
 
@@ -137,8 +138,11 @@ class Hooks:
         settings: SandboxSettings | None = None,
         cancel: threading.Event | None = None,
         notices: Sequence[Notice] = (),
+        guard: ScriptGuard | None = None,
     ) -> None:
         self.hooks = list(hooks)
+        # The repository's trusted scripts, hashed again before each of its hooks runs.
+        self.guard = guard
         self.workspace = workspace
         self.session_id = session_id
         self.emit = emit
@@ -171,6 +175,7 @@ class Hooks:
             sandbox=self.sandbox,
             settings=self.settings,
             cancel=cancel,
+            guard=self.guard,
         )
 
     # -- the five events ---------------------------------------------------------------
@@ -272,6 +277,8 @@ class Hooks:
         stop_on_block: bool = False,
     ) -> list[Ran]:
         chosen = [h for h in self.hooks if h.event == event and h.matches(tool)]
+        if any(h.source == "repository" for h in chosen) and self._scripts_changed():
+            chosen = [h for h in chosen if h.source != "repository"]
         if not chosen:
             return []
         mode = self.approval()
@@ -300,6 +307,17 @@ class Hooks:
             if ran.interrupted or (stop_on_block and ran.outcome == "blocked"):
                 break  # the user stopped the task, or the answer is already no
         return done
+
+    def _scripts_changed(self) -> bool:
+        """Whether a script the repository's hooks run changed since it was trusted; if so
+        they are dropped for the rest of the session, and the person told once."""
+        problem = self.guard.problem() if self.guard is not None else None
+        if problem is None:
+            return False
+        self.hooks = [h for h in self.hooks if h.source != "repository"]
+        self.guard = None
+        self.emit(ErrorEvent(message=problem, kind="hook_trust"))
+        return True
 
     def _confinement(self, hook: Hook, mode: ApprovalMode) -> Confinement:
         """A repository's hook runs in the sandbox with no more than a command the agent

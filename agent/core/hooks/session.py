@@ -39,4 +39,5 @@ def open_hooks(
         settings=tool_context.sandbox_settings,
         cancel=tool_context.cancel_event,
         notices=active.notices,
+        guard=active.guard,
     )

@@ -3,17 +3,22 @@
 A repository's `.resident/hooks.json` is code the repository ships: anyone
 who can get a file into a clone could otherwise run commands the moment
 Resident opens it. Its hooks run only once the user has trusted them with
-`resident hooks trust`, which records the repository's real path and the
-sha256 of the hooks file's bytes in the user's config dir:
+`resident hooks trust`, which records the repository's real path and one
+digest of the hooks file's bytes and of every workspace file its commands
+name (agent/core/repository_trust.py: `./scripts/guard.sh` is covered, not
+just the line naming it) in the user's config dir:
 
     <user config dir>/trusted-hooks.json
-    {"version": 1, "repositories": {"/home/me/src/app": {"sha256": "...", "trusted_at": "..."}}}
+    {"version": 1, "repositories": {"/home/me/src/app": {"sha256": "...",
+        "files": {"scripts/guard.sh": "<sha256>"}, "trusted_at": "..."}}}
 
-A changed file (another digest) is no longer trusted; a moved or re-cloned
-repository (another path) is not either. The record lives outside every
-workspace and outside what sandboxed commands can see, so neither a model's
-commands nor a repository's hooks can trust themselves. A record that cannot
-be read trusts nothing (fail closed).
+A changed file or script (another digest) is no longer trusted; a moved or
+re-cloned repository (another path) is not either. `files` only says which
+script changed. The record lives in the config dir, which no tool the model
+drives may write (tools.workspace.protected), wherever the workspace is, and
+which sandboxed commands find read-only, so neither a model nor a
+repository's hooks can trust themselves. A record that cannot be read
+trusts nothing (fail closed).
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from agent.core.mcp.config import user_config_dir
+from tools.workspace.bounded_read import MAX_CONFIG_BYTES, read_bounded_text
 
 TRUST_FILE = "trusted-hooks.json"
 VERSION = 1
@@ -53,10 +60,11 @@ class HookTrust:
 
     def records(self) -> dict[str, dict[str, Any]]:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            # Bounded, like every file Resident reads on its own (a FIFO must not hang it).
+            data = json.loads(read_bounded_text(self.path, MAX_CONFIG_BYTES))
         except FileNotFoundError:
             return {}
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
             log.warning("cannot read %s (nothing is trusted): %s", self.path, err)
             return {}
         repositories = data.get("repositories") if isinstance(data, dict) else None
@@ -73,10 +81,16 @@ class HookTrust:
     def is_trusted(self, workspace: Path, digest: str) -> bool:
         return self.state(workspace, digest) == "trusted"
 
-    def trust(self, workspace: Path, digest: str) -> None:
+    def trusted_files(self, workspace: Path) -> dict[str, str] | None:
+        """What the named files held when trusted (None: no record, or one without)."""
+        files = self.records().get(_key(workspace), {}).get("files")
+        return files if isinstance(files, dict) else None
+
+    def trust(self, workspace: Path, digest: str, files: Mapping[str, str] | None = None) -> None:
         records = self.records()
         records[_key(workspace)] = {
             "sha256": digest,
+            "files": dict(files or {}),
             "trusted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         self._write(records)

@@ -12,16 +12,23 @@ them mostly works here:
         "docs":   {"url": "https://example.com/mcp", "headers": {"Authorization": "Bearer ${T}"}}
     }}
 
-A repository's entry replaces the user's entry of the same name. A broken
-file costs that file's servers, a broken entry costs that server; each
-problem names the file and the field, and the rest still loads.
+A repository's entry never replaces (or disables) the user's server of the
+same name, nor of a name that reads the same in tool names (`mcp__NAME`):
+it is refused with a message, so the user's `--allow mcp__NAME` rules only
+ever reach the user's own server. A broken file costs that file's servers,
+a broken entry costs that server; each problem names the file and the
+field, and the rest still loads.
 
-Trust: a repository's file is code the repository ships, so by default its
-servers get no more than the sandbox's defaults (a read-only workspace, no
-network, no extra folders), `${VAR}` stays literal in it (a hostile file
-could otherwise send the user's tokens to its own URL), and without a
-sandbox its stdio servers do not start. The user's file lifts that per
-server with `"trustedRepositoryServers": ["name", ...]` (or `["*"]`).
+Trust: a repository's file is code the repository ships, so none of its
+servers starts until the user trusted it in this repository, as it is now
+(`resident mcp trust NAME`: its entry and the workspace files it names, by
+digest, under the repository's real path; trust.py). A trusted one is
+treated as the user's own for its grants and `${VAR}`, but like a
+repository's hooks it runs only in the sandbox. An untrusted or changed one
+carries no grants and no expansion (a hostile file could otherwise send the
+user's tokens to its own URL), and launch.py refuses to start it, saying
+how to trust it. The old `"trustedRepositoryServers"` (a name, trusted in every
+repository) is no longer honoured, and says so.
 """
 
 from __future__ import annotations
@@ -30,12 +37,17 @@ import json
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agent.core.mcp.names import server_part
+from agent.core.mcp.trust import TRUST_COMMAND, TRUST_FILE, McpTrust, server_coverage
+from agent.core.repository_trust import Coverage
+from tools.workspace.bounded_read import MAX_CONFIG_BYTES, RefusedFile, read_bounded_text
 
 CONFIG_DIR_ENV = "RESIDENT_CONFIG_DIR"
 FILE_NAME = "mcp.json"
@@ -52,6 +64,11 @@ def user_config_dir() -> Path:
 
 def user_config_file() -> Path:
     return user_config_dir() / FILE_NAME
+
+
+def mcp_trust() -> McpTrust:
+    """The user's records of trusted repository servers."""
+    return McpTrust(user_config_dir() / TRUST_FILE)
 
 
 class ServerEntry(BaseModel):
@@ -100,7 +117,7 @@ class ConfigFile(BaseModel):
 class ConfigProblem:
     file: Path
     message: str
-    server: str | None = None  # None: the whole file is unusable
+    server: str | None = None  # None: not one server's failure (a file, a setting, a clash)
 
     def describe(self) -> str:
         return f"{self.file}: {self.message}"
@@ -126,6 +143,12 @@ class ServerConfig:
     tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S
     trusted: bool = True  # the user's own entry, or a repository entry the user trusts
     notes: tuple[str, ...] = ()  # what of the entry was not honoured, and why
+    # A repository's entry: whether the user trusted it as it is ("trusted"), never did,
+    # or did before it or a file it names changed (`changed` names them); what was
+    # covered, to check again right before it starts. The user's own: "own".
+    trust_state: Literal["own", "trusted", "untrusted", "changed"] = "own"
+    coverage: Coverage | None = None
+    changed: tuple[str, ...] = ()
 
     @property
     def target(self) -> str:
@@ -159,9 +182,12 @@ def expand(text: str, lookup: Lookup) -> str:
 
 def _read(path: Path) -> tuple[ConfigFile | None, ConfigProblem | None]:
     try:
-        text = path.read_text(encoding="utf-8")
+        # Bounded: an mcp.json that is a link to /dev/zero or a FIFO must not hang start-up.
+        text = read_bounded_text(path, MAX_CONFIG_BYTES)
     except FileNotFoundError:
         return None, None
+    except RefusedFile as err:
+        return None, ConfigProblem(path, f"not read: it {err.reason}")
     except (OSError, UnicodeDecodeError) as err:
         return None, ConfigProblem(path, f"cannot read it: {err}")
     try:
@@ -170,12 +196,19 @@ def _read(path: Path) -> tuple[ConfigFile | None, ConfigProblem | None]:
         return None, ConfigProblem(
             path, f"not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})"
         )
+    except RecursionError:
+        return None, ConfigProblem(path, "not usable: its JSON is nested too deeply")
     if not isinstance(data, dict):
         return None, ConfigProblem(path, f"must hold a JSON object, not {type(data).__name__}")
     try:
         return ConfigFile.model_validate(data), None
     except ValidationError as err:
         return None, ConfigProblem(path, _explain(err, ""))
+
+
+def read_config_file(path: Path) -> tuple[ConfigFile | None, ConfigProblem | None]:
+    """One mcp.json, parsed; (None, None) when it does not exist."""
+    return _read(path)
 
 
 def _explain(err: ValidationError, prefix: str) -> str:
@@ -206,8 +239,8 @@ def _resolve(
         refused = [g for g in ("network", "write", "read") if getattr(entry, g)]
         if refused:
             notes.append(
-                f"{', '.join(refused)} not granted: the repository's file asked for it; trust "
-                f'the server in {user_config_file()} ("trustedRepositoryServers") to grant it'
+                f"{', '.join(refused)} not granted: the repository's file asked for it, and "
+                f"you have not trusted this server here (`{TRUST_COMMAND} {name}`)"
             )
     read = tuple(Path(os.path.expanduser(sub(p))) for p in entry.read) if trusted else ()
     return ServerConfig(
@@ -231,12 +264,16 @@ def _resolve(
 
 
 def load_config(
-    workspace: Path, user_file: Path | None = None, lookup: Lookup | None = None
+    workspace: Path,
+    user_file: Path | None = None,
+    lookup: Lookup | None = None,
+    trust: McpTrust | None = None,
 ) -> McpConfig:
     """The servers declared for `workspace`, and every problem found on the way."""
     from agent.core.process_guard import withheld_variable
 
     lookup = lookup or (lambda name: os.environ.get(name) or withheld_variable(name))
+    trust = trust if trust is not None else mcp_trust()
     user_file = user_file or user_config_file()
     repo_file = workspace / REPOSITORY_FILE
     config = McpConfig()
@@ -246,13 +283,20 @@ def load_config(
     repo, problem = (None, None) if repo_file == user_file else _read(repo_file)
     if problem:
         config.problems.append(problem)
-    trusted = set(user.trusted) if user else set()
+    if user is not None and user.trusted:
+        config.problems.append(ConfigProblem(user_file, LEGACY_TRUST))
+    # Every name the user declared, broken or disabled entries included: the repository's
+    # file may not take it over (nor the allow rules written for it).
+    taken = {server_part(n) for n in user.mcp_servers} if user is not None else set()
     for source, path, parsed in (("user", user_file, user), ("repository", repo_file, repo)):
         if parsed is None:
             continue
         config.files.append(path)
         for name, raw in parsed.mcp_servers.items():
             where = f"mcpServers.{name}"
+            if source == "repository" and server_part(name) in taken:
+                config.problems.append(ConfigProblem(path, _clash(where, name, user_file)))
+                continue
             try:
                 entry = ServerEntry.model_validate(raw if isinstance(raw, dict) else {"": raw})
             except ValidationError as err:
@@ -266,14 +310,37 @@ def load_config(
             if entry.disabled:
                 config.servers.pop(name, None)
                 continue
-            trust = source == "user" or "*" in trusted or name in trusted
-            config.servers[name] = _resolve(
+            state, coverage, changed = "own", None, ()
+            if source == "repository":
+                coverage = server_coverage(name, raw, workspace)
+                state = trust.state(workspace, name, coverage.digest)
+                if state == "changed":
+                    changed = tuple(coverage.changed_since(trust.trusted_files(workspace, name)))
+            resolved = _resolve(
                 name,
                 entry,
                 source,
                 path,
                 workspace,
-                trust,
+                state in ("own", "trusted"),
                 lookup,  # type: ignore[arg-type]
             )
+            config.servers[name] = replace(
+                resolved, trust_state=state, coverage=coverage, changed=changed
+            )
     return config
+
+
+LEGACY_TRUST = (
+    '"trustedRepositoryServers" is no longer honoured: it trusted a server name in every '
+    f"repository. Run `{TRUST_COMMAND} NAME` in a repository instead: it trusts that "
+    "server's entry and the files it runs, there only"
+)
+
+
+def _clash(where: str, name: str, user_file: Path) -> str:
+    return (
+        f"{where}: not started: your {user_file} already declares a server named {name!r} "
+        "(or one whose tools read the same). A repository's server never replaces yours, nor "
+        "gets the allow rules you wrote for it; rename it in this file to use it"
+    )

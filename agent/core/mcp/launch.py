@@ -16,8 +16,16 @@ program merely sits in, the home or above it, or a folder of credentials, and
 a secret-looking or non-executable program is refused. A repository's
 untrusted entry gets the same rule and no more. Without a sandbox, a server
 from the user's own file starts unconfined, as the user would start it, while a
-repository's untrusted server does not start at all: that is the same
-fail-closed stance the shell takes (no sandbox, nothing runs unasked).
+repository's server, trusted or not, does not start at all: unconfined it
+could change anything of the user's, their config included; that is the
+stance a repository's hooks take.
+
+Before anything starts, a repository's server must be trusted in this
+repository as it is now (`trust_refusal`, config.py, trust.py): never
+trusted, or trusted before its entry or a file it names changed, it does
+not start, sandbox or not, and its reason says what to run. The files are
+hashed once more right here, so one rewritten after the config was read
+(while the session opened) does not start either.
 
 The read side of every transport is watched for its end, so a server that
 exits is noticed when it happens, not at the next call.
@@ -38,6 +46,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from agent.core.mcp.config import ServerConfig, user_config_file
 from agent.core.mcp.program_paths import ProgramPaths, ProgramRefused, program_paths
+from agent.core.mcp.trust import TRUST_COMMAND
+from agent.core.repository_trust import recheck
 from tools.process.environment import command_environment
 from tools.sandbox.bubblewrap import (
     Sandbox,
@@ -79,10 +89,10 @@ def stdio_parameters(
     base = dict(os.environ if base_env is None else base_env)
     argv = [config.command or "", *config.args]
     if sandbox is None:
-        if not config.trusted:
+        if config.source == "repository":  # trusted or not, as a repository's hooks
             raise LaunchRefused(
                 "not started: there is no sandbox to confine a server this repository declares; "
-                f'to run it unconfined, trust it in {user_config_file()} ("trustedRepositoryServers")'
+                f"to run it unconfined, copy its entry into your own {user_config_file()}"
             )
         env = command_environment(
             base, home=base.get("HOME"), extra_names=settings.env_names, extra=config.env
@@ -106,6 +116,28 @@ def stdio_parameters(
     except SandboxError as err:
         raise LaunchRefused(f"not started: {err}") from err
     return StdioServerParameters(command=wrapped[0], args=wrapped[1:], env=env, cwd=workspace)
+
+
+def trust_refusal(config: ServerConfig, workspace: Path) -> str | None:
+    """Why a repository's server must not start, or None (the user's own, or trusted and
+    unchanged since)."""
+    if config.source != "repository":
+        return None
+    command = f"`{TRUST_COMMAND} {config.name}` in this repository"
+    if config.trust_state == "untrusted":
+        return (
+            f"not started: servers a repository declares run only once you trust them; read "
+            f"its entry in {config.file} and what it runs, then run {command}"
+        )
+    changed = list(config.changed)
+    if config.trust_state == "trusted" and config.coverage is not None:
+        changed = recheck(config.coverage, workspace)
+    if config.trust_state == "changed" or changed:
+        what = ", ".join(changed) if changed else "its entry"
+        return (
+            f"not started: {what} changed since you trusted it; read it again, then run {command}"
+        )
+    return None
 
 
 def _program_in_sandbox(
@@ -197,6 +229,9 @@ def open_transport(
     on_end: Callable[[], None],
 ) -> Transport:
     """The transport to the server (not yet entered). Raises LaunchRefused."""
+    refusal = trust_refusal(config, workspace)
+    if refusal is not None:
+        raise LaunchRefused(refusal)
     if config.transport == "http":
         return _watched(_http(config), on_end)
     params = stdio_parameters(config, workspace, sandbox, settings)

@@ -36,10 +36,12 @@ from pathlib import Path
 
 from tools.sandbox.mounts import (
     HIDDEN_SYSTEM_PATHS,
+    MAX_POINTER_FILE_BYTES,
     SYSTEM_DIRS,
     is_python_install,
     may_show_folder,
 )
+from tools.workspace.bounded_read import read_bounded
 from tools.workspace.paths import SECRET_DIR_NAMES, is_secret_name
 
 # The kernel follows at most this many `#!` interpreters in a row (BINPRM_MAX_RECURSION).
@@ -205,7 +207,8 @@ class _Finder:
     def _venv_home(self, config: Path) -> Path | None:
         """The install `home =` in pyvenv.cfg names, when it really is a Python install."""
         try:
-            lines = config.read_text(encoding="utf-8", errors="replace").splitlines()
+            head = read_bounded(config, MAX_POINTER_FILE_BYTES, truncate=True)
+            lines = head.decode("utf-8", errors="replace").splitlines()
         except OSError:
             return None
         for line in lines:
@@ -227,8 +230,7 @@ class _Finder:
         """The programs the `#!` line of `real` runs, as absolute paths: the interpreter,
         and for `env` or pip's sh launcher the program those start."""
         try:
-            with open(real, "rb") as handle:
-                head = handle.read(_HEAD_BYTES)
+            head = read_bounded(real, _HEAD_BYTES, truncate=True)  # a FIFO must not block
         except OSError:
             return []
         if not head.startswith(b"#!"):

@@ -71,6 +71,9 @@ def build_child(parent: Agent, call_id: str, args: TaskArgs, ctx: ToolContext) -
     emitter = EventEmitter([forward])
     policy = copy.copy(parent.tools.policy)
     policy.mode = child_mode(parent.approval_mode, args.write)
+    # A plan's research child runs read-only, yet still asks before every web fetch as
+    # plan mode does (tools.permissions.web_rules): planning sends nothing out unasked.
+    policy.fetches_ask = policy.fetches_ask or parent.approval_mode is ApprovalMode.PLAN
     child_ctx = dataclasses.replace(ctx, cancel_event=threading.Event())
     parent_hooks = parent.tools.hooks
     hooks = (  # a guard hook must hold for delegated calls too

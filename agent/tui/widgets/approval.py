@@ -70,7 +70,8 @@ class ApprovalPrompt(VerticalGroup, can_focus=True):
             yield Static(f"$ {self.preview.command}{where}", markup=False, classes="command")
         with Horizontal():
             yield Button("Allow once (y)", id="allow-once", variant="success", compact=True)
-            yield Button("Allow for session (a)", id="allow-session", compact=True)
+            if not self.request.once:  # Resident's configuration: asked every time
+                yield Button("Allow for session (a)", id="allow-session", compact=True)
             yield Button("Deny (n)", id="deny", variant="error", compact=True)
         yield Input(placeholder="Why not? The model reads this (optional). Enter sends.")
 
@@ -84,6 +85,9 @@ class ApprovalPrompt(VerticalGroup, can_focus=True):
         self._answer(ApprovalAnswer(True))
 
     def action_allow_session(self) -> None:
+        if self.request.once:  # never remembered (SessionApprovals): say so by allowing once
+            self.action_allow_once()
+            return
         self._answer(ApprovalAnswer(True, "allowed for this session"), remember=True)
 
     def action_deny(self) -> None:

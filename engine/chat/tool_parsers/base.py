@@ -22,7 +22,6 @@ construction; tests check that they agree however the text is split.
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import string
@@ -41,6 +40,7 @@ from engine.chat.events import (
     collect_events,
     merge_adjacent_deltas,
 )
+from engine.chat.json_limits import loads_bounded
 
 _ID_ALPHABET = string.ascii_letters + string.digits
 # Tool names are identifiers, possibly namespaced (MCP-style `server.tool`,
@@ -58,15 +58,10 @@ def is_valid_tool_name(name: str) -> bool:
     return _TOOL_NAME.fullmatch(name) is not None
 
 
-def _reject_constant(name: str) -> Any:
-    # NaN and Infinity are Python extensions, not JSON; a client would choke on them.
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def json_object_error(text: str) -> str | None:
     """Why text is not a JSON object, or None when it is one."""
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = loads_strict(text)
     except ValueError as error:
         return str(error)
     if not isinstance(value, dict):
@@ -75,8 +70,9 @@ def json_object_error(text: str) -> str | None:
 
 
 def loads_strict(text: str) -> Any:
-    """json.loads without NaN/Infinity; raises ValueError."""
-    return json.loads(text, parse_constant=_reject_constant)
+    """json.loads without NaN/Infinity, non-finite numbers or nesting deeper than
+    MAX_JSON_DEPTH (a model can write any of them); raises ValueError."""
+    return loads_bounded(text, strict=True)
 
 
 class ToolParser(ABC):

@@ -32,10 +32,14 @@ def repository_hooks(repo: Path, hooks: dict[str, list[dict[str, Any]]]) -> Path
 
 
 def trust_repository(repo: Path) -> None:
-    """What `resident hooks trust` records, for the file as it is now."""
-    from agent.core.hooks.config import digest
+    """What `resident hooks trust` records, for the file and the scripts it names as they
+    are now."""
+    from agent.core.hooks.config import read_hooks_file
+    from agent.core.hooks.scripts import hooks_coverage
 
-    HookTrust().trust(repo, digest((repo / REPOSITORY_FILE).read_bytes()))
+    loaded = read_hooks_file(repo / REPOSITORY_FILE, "repository")
+    coverage = hooks_coverage(loaded, repo)  # type: ignore[arg-type]
+    HookTrust().trust(repo, coverage.digest, coverage.files)
 
 
 def python_hook(script: Path, body: str) -> str:

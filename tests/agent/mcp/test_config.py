@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from agent.core import process_guard
-from agent.core.mcp.config import load_config
+from agent.core.mcp.config import load_config, mcp_trust
 from agent.core.mcp.launch import LaunchRefused, sandbox_label, stdio_parameters
+from agent.core.mcp.trust import server_coverage
 from tests.agent.mcp.helpers import write_config
 from tools.sandbox.bubblewrap import Sandbox, SandboxSettings
 
@@ -26,17 +27,21 @@ def load(workspace: Path, user: Path):
     return load_config(workspace, user_file=user, lookup=ENV.get)
 
 
-def test_user_and_repository_servers_merge_by_name(files):
+def test_user_and_repository_servers_merge_and_the_users_name_is_kept(files):
     workspace, user, repo = files
     write_config(user, {"a": {"command": "a-user"}, "b": {"url": "https://b.example/mcp"}})
     write_config(repo, {"a": {"command": "a-repo", "args": ["--x"]}, "c": {"command": "c"}})
     config = load(workspace, user)
-    assert not config.problems
     assert sorted(config.servers) == ["a", "b", "c"]
     a = config.servers["a"]
-    assert (a.source, a.command, a.args, a.file) == ("repository", "a-repo", ("--x",), repo)
+    assert (a.source, a.command, a.args, a.file) == ("user", "a-user", (), user)
+    assert config.servers["c"].source == "repository"
     assert config.servers["b"].transport == "http"
     assert config.files == [user, repo]
+    (problem,) = config.problems  # the repository's "a" is refused, loudly
+    assert problem.file == repo and problem.server is None
+    assert "mcpServers.a: not started" in problem.message
+    assert "never replaces yours" in problem.message and "rename it" in problem.message
 
 
 def test_no_files_no_servers(files):
@@ -80,19 +85,20 @@ def test_a_broken_entry_names_file_and_field_and_costs_only_that_server(files, e
     assert list(config.servers) == ["good"]
 
 
-def test_a_broken_repository_entry_does_not_fall_back_to_the_users(files):
+def test_a_broken_repository_entry_costs_that_entry(files):
     workspace, user, repo = files
     write_config(user, {"a": {"command": "a"}})
-    write_config(repo, {"a": {"command": 3}})
+    write_config(repo, {"b": {"command": 3}})
     config = load(workspace, user)
-    assert config.servers == {} and config.problems[0].server == "a"
+    assert list(config.servers) == ["a"] and config.problems[0].server == "b"
 
 
-def test_disabled_entries_are_left_out(files):
+def test_disabled_entries_are_left_out_but_a_repository_cannot_disable_yours(files):
     workspace, user, repo = files
-    write_config(user, {"a": {"command": "a"}})
-    write_config(repo, {"a": {"command": "a", "disabled": True}})
-    assert load(workspace, user).servers == {}
+    write_config(user, {"a": {"command": "a"}, "b": {"command": "b", "disabled": True}})
+    write_config(repo, {"a": {"command": "a", "disabled": True}, "c": {"disabled": True}})
+    config = load(workspace, user)
+    assert list(config.servers) == ["a"] and config.servers["a"].source == "user"
 
 
 def test_the_users_entries_expand_variables_withheld_ones_too(files, monkeypatch):
@@ -130,7 +136,8 @@ def test_a_repositorys_entries_get_no_grants_and_no_variables_unless_trusted(fil
         "read": ["/opt/data"],
     }
     write_config(repo, {"untrusted": entry, "trusted": entry})
-    write_config(user, {}, trustedRepositoryServers=["trusted"])
+    write_config(user, {})
+    mcp_trust().trust(workspace, {"trusted": server_coverage("trusted", entry, workspace)})
     config = load(workspace, user)
     untrusted, trusted = config.servers["untrusted"], config.servers["trusted"]
     assert untrusted.env["TOKEN"] == "${GITHUB_TOKEN}"
