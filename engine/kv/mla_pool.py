@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kv.pool_base import PagedPoolBase, warn_if_short_calibration
+from engine.kv.pool_base import PagedPoolBase, allocate_storage, warn_if_short_calibration
 from engine.kv.quant import (
     HALF_TRICK_FACTOR,
     calibrate_scale,
@@ -66,9 +66,8 @@ class MLALatentPool(PagedPoolBase):
         self.lora_rank = layout.latent_dim - self.rope_dim
         shape = (layout.num_layers, num_pages * page_size, layout.latent_dim)
         # uint8 for fp8: index_copy_/index_select are not defined for float8 on
-        # every torch build, and the bytes are the same.
-        # Zeros: padded rows read slot 0 with zero weight, and 0 * NaN is NaN.
-        self.storage = torch.zeros(shape, dtype=self.storage_dtype, device=self.device)
+        # every torch build, and the bytes are the same. Slot 0 zero (allocate_storage).
+        self.storage = allocate_storage(shape, self.storage_dtype, self.device)
         self.latent_scale = torch.ones(layout.num_layers, dtype=torch.float32)
         self.rope_scale = torch.ones(layout.num_layers, dtype=torch.float32)
         self.scale_source = scale_source if self.is_fp8 else "none"

@@ -16,7 +16,7 @@ import logging
 
 import torch
 
-from engine.kv.pool_base import PagedPoolBase, warn_if_short_calibration
+from engine.kv.pool_base import PagedPoolBase, allocate_storage, warn_if_short_calibration
 from engine.kv.quant import (
     HALF_TRICK_FACTOR,
     calibrate_scale,
@@ -46,9 +46,7 @@ class PagedKVPool(PagedPoolBase):
         super().__init__(layout, num_pages, page_size, kv_dtype, device)
         num_slots = num_pages * page_size
         shape = (layout.num_layers, num_slots, 2, layout.num_kv_heads, layout.head_dim)
-        # Zeros, not garbage: padded decode rows read slot 0 and multiply it by a zero
-        # probability, and 0 * NaN from uninitialised memory would be NaN.
-        self.storage = torch.zeros(shape, dtype=self.storage_dtype, device=self.device)
+        self.storage = allocate_storage(shape, self.storage_dtype, self.device)
         self.per_head = bool(per_head_scales)
         scale_shape = (
             (layout.num_layers, layout.num_kv_heads) if self.per_head else layout.num_layers

@@ -39,6 +39,31 @@ def warn_if_short_calibration(layer: int, tokens: int) -> None:
         )
 
 
+# From this size on a CPU pool is left for the kernel to map on first touch.
+LAZY_POOL_BYTES = 64 * 2**20
+
+
+def allocate_storage(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A pool's storage [layers, slots, ...], zero where it is read before it is written.
+
+    Padded decode rows read slot 0 and multiply it by a zero probability (0 * NaN from
+    uninitialised memory would be NaN); every other slot is written before it is read.
+    A large CPU pool is allocated without being written (a block this size comes from
+    the kernel as fresh pages, mapped, and zero, on first touch) and only slot 0 is
+    zeroed, so the pool becomes resident as tokens fill it rather than at start: the
+    default 1 GiB CPU pool costs nothing until used. Small pools and other devices:
+    zeros."""
+    numel = 1
+    for size in shape:
+        numel *= size
+    big = numel * torch.empty((), dtype=dtype).element_size() >= LAZY_POOL_BYTES
+    if torch.device(device).type != "cpu" or not big:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    storage = torch.empty(shape, dtype=dtype)
+    storage[:, 0].zero_()
+    return storage
+
+
 class PagedPoolBase:
     layout_kind = ""  # "gqa" or "mla", checked against the layout given
 
