@@ -41,6 +41,7 @@ from agent.core.events import (
     Usage,
 )
 from agent.core.todo import TODO_MARKS, TODO_TOOL, progress
+from agent.core.valid_unicode import model_json
 from agent.terminal_text import json_terminal_safe, terminal_safe
 from tools.schema import load_arguments
 
@@ -53,7 +54,7 @@ class JsonLinesPrinter:
         self.out = out
 
     def __call__(self, event: Event) -> None:
-        self.out.write(json_terminal_safe(event.model_dump_json()) + "\n")
+        self.out.write(json_terminal_safe(model_json(event)) + "\n")
         self.out.flush()
 
 

@@ -105,5 +105,10 @@ class ToolContext:
     def protected_dirs(self) -> tuple[StateDir, ...]:
         return self.state_dirs or ()
 
+    @property
+    def protected_paths(self) -> tuple[Path, ...]:
+        """The state dirs' real paths: what every folder walk leaves out (tools.workspace.walk)."""
+        return tuple(state.path for state in self.protected_dirs)
+
     def base_env(self) -> Mapping[str, str]:
         return os.environ if self.env is None else self.env

@@ -32,6 +32,7 @@ from agent.core.clients import (
     TextChunk,
     ToolCallChunk,
     ToolCallProblem,
+    valid_stream,
 )
 from agent.core.compaction import CompactionFailed, compact
 from agent.core.context import ResidentContext, Snapshot
@@ -54,6 +55,7 @@ from agent.core.hooks import Hooks
 from agent.core.plan_mode import proposes_plan, task_for_model
 from agent.core.todo import TodoList, todo_reminder
 from agent.core.tool_runner import ToolRunner, history_arguments
+from agent.core.valid_unicode import valid_text
 from tools import ApprovalMode, RestoreReport
 
 
@@ -187,7 +189,11 @@ class Agent:
 
     async def run_task(self, task: str, shown: str | None = None) -> TaskOutcome:
         """Run `task`; `shown`: what the user's message shows instead (a custom command
-        as typed, `/NAME args`, while the conversation keeps its expansion)."""
+        as typed, `/NAME args`, while the conversation keeps its expansion). A lone
+        surrogate in either (a prompt over JSON-RPC, bytes in argv) is U+FFFD from here
+        on (agent/core/valid_unicode.py)."""
+        task = valid_text(task)
+        shown = None if shown is None else valid_text(shown)
         self._interrupted.clear()
         self.tools.start_task()
         start_length = len(self.conversation)
@@ -381,7 +387,7 @@ class Agent:
         answer = _Answer()
 
         async def consume() -> None:
-            async for item in self.client.stream(request):
+            async for item in valid_stream(self.client.stream(request)):
                 if isinstance(item, TextChunk):
                     answer.text.append(item.text)
                     self.emitter.emit(TextDelta(text=item.text))

@@ -7,6 +7,8 @@ turn completes). Both files are flushed and synced at turn ends, so a
 process killed mid-turn loses at most that partial turn; a torn last line
 from a kill is left out on load and cut off before the next append, with a
 warning (agent/core/journal.py).
+Text that is not valid Unicode (a lone surrogate) is written as U+FFFD
+(agent/core/valid_unicode.py), so no line is ever lost to it.
 
 `messages.jsonl` is a log of operations: `append` adds messages, `reset`
 replaces the whole conversation (compaction, undo).
@@ -27,6 +29,7 @@ import platformdirs
 
 from agent.core.events import Event, SessionCompleted, TurnCompleted, parse_event
 from agent.core.journal import open_for_append, read_records
+from agent.core.valid_unicode import json_text, model_json, valid_text
 
 DATA_DIR_ENV = "RESIDENT_DATA_DIR"
 
@@ -80,7 +83,7 @@ class Session:
         """An event sink: append now, make durable at turn and session ends."""
         if self._events is None:
             self._events = open_for_append(self.dir / "events.jsonl")
-        self._events.write(event.model_dump_json() + "\n")
+        self._events.write(model_json(event) + "\n")
         if isinstance(event, TurnCompleted | SessionCompleted):
             self.flush()
 
@@ -93,12 +96,12 @@ class Session:
     def _write_messages(self, record: dict[str, Any]) -> None:
         if self._messages is None:
             self._messages = open_for_append(self.dir / "messages.jsonl")
-        self._messages.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._messages.write(json_text(record) + "\n")
         _sync(self._messages)
 
     def set_title(self, title: str) -> None:
         if not self.meta.title:
-            self.meta.title = " ".join(title.split())[:80]
+            self.meta.title = valid_text(" ".join(title.split())[:80])
             self._save_meta()
 
     def flush(self) -> None:

@@ -31,6 +31,7 @@ from agent.core.events import (
     ToolResultEvent,
 )
 from agent.core.hooks import Hooks
+from agent.core.valid_unicode import valid_json, valid_text
 from tools import (
     CheckpointStore,
     Effect,
@@ -137,6 +138,7 @@ class ToolRunner:
         return report, history_length
 
     def _finish(self, call_id: str, result: ToolResult, **extra: Any) -> CallOutcome:
+        result = _valid_result(result)
         self.emitter.emit(
             ToolResultEvent(
                 id=call_id,
@@ -264,6 +266,16 @@ class ToolRunner:
 def _hook_arguments(call: ToolCall) -> dict[str, Any]:
     """The call's checked arguments as JSON values, for a hook's stdin."""
     return _jsonable(call.args.model_dump(mode="json"))
+
+
+def _valid_result(result: ToolResult) -> ToolResult:
+    """The result with its text valid Unicode: a file name that is not UTF-8 (read back
+    with surrogateescape) or arguments echoed back hold lone surrogates, which would
+    break the event stream and the journals (agent/core/valid_unicode.py)."""
+    output, data = valid_text(result.output), valid_json(result.data)
+    if output is result.output and data is result.data:
+        return result
+    return result.model_copy(update={"output": output, "data": data})
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:

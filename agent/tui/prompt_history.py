@@ -6,11 +6,11 @@ One JSON string per line in the data directory, the newest last, at most
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from agent.core.journal import open_for_append, read_records
 from agent.core.session import data_dir
+from agent.core.valid_unicode import json_text
 
 HISTORY_FILE = "prompt_history.jsonl"
 
@@ -41,7 +41,7 @@ class PromptHistory:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open_for_append(self.path) as handle:
-                handle.write(json.dumps(text, ensure_ascii=False) + "\n")
+                handle.write(json_text(text) + "\n")
         except OSError:
             pass  # history is a convenience; never fail a message over it
 

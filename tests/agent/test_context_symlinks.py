@@ -12,7 +12,7 @@ import pytest
 from agent.core.clients import estimate_tokens
 from agent.core.context import select_files, take_snapshot
 from agent.core.context.agents_md import agents_instructions, read_agents_files
-from agent.core.context.selection import OUTSIDE_LINK
+from agent.core.context.selection import OUTSIDE_LINK, PROTECTED_LINK
 from tests.agent.conftest import git
 
 SECRET = "aws_secret_access_key = TOPSECRET"
@@ -129,3 +129,33 @@ def test_an_index_entry_below_a_directory_swapped_for_a_link(repo, outside):
     assert "TOPSECRET" not in snapshot.text
     assert "docs/passwd.md" not in [f.path for f in snapshot.all_files]
     assert ("docs", OUTSIDE_LINK) in [(o.path, o.reason) for o in snapshot.omitted]
+
+
+@pytest.mark.parametrize("tracked", [False, True])
+def test_residents_folders_in_a_home_workspace_stay_out_of_the_prompt(repo, monkeypatch, tracked):
+    """Resident started in $HOME (a dotfiles repository, say): the snapshot and AGENTS.md
+    leave the user's config, data and cache folders out, as this process places them,
+    and every link leading there; nothing passes `protected` here."""
+    monkeypatch.setenv("HOME", str(repo))
+    for name in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "RESIDENT_CONFIG_DIR",
+                 "RESIDENT_DATA_DIR", "RESIDENT_CACHE_DIR"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    folders = {".config/resident": "mcp.json", ".local/share/resident": "journal.md",
+               ".cache/resident": "kernel.md"}  # fmt: skip
+    for folder, name in folders.items():
+        (repo / folder).mkdir(parents=True)
+        (repo / folder / name).write_text(f"{SECRET} in {folder}\n")
+    (repo / "servers.md").symlink_to(".config/resident/mcp.json")
+    (repo / "AGENTS.md").symlink_to(".local/share/resident/journal.md")
+    if tracked:
+        git(repo, "add", "-A")
+    files, omitted = select_files(repo)
+    assert "README.md" in [f.path for f in files]
+    assert not [f.path for f in files if "resident" in f.path or "TOPSECRET" in f.text]
+    reasons = {o.path: o.reason for o in omitted}
+    assert reasons["servers.md"] == reasons["AGENTS.md"] == PROTECTED_LINK
+    assert not [path for path in reasons if path.startswith((".config", ".local", ".cache"))]
+    assert "TOPSECRET" not in take_snapshot(repo, 1, 100_000, estimate_tokens).text
+    found = read_agents_files(repo)
+    assert found.texts == [] and [path for path, _ in found.skipped] == ["AGENTS.md"]
+    assert "TOPSECRET" not in agents_instructions(repo)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -244,3 +245,44 @@ def test_git_snapshot_sees_an_edit_made_within_one_clock_tick(workspace):
     assert [(c.action, c.path) for c in store.changes(checkpoint.id)] == [("write", "app.py")]
     store.restore(checkpoint.id)
     assert app.read_text() == "print('v1')\n"
+
+
+@pytest.mark.parametrize("kind", ["git", "copy"])
+def test_residents_folders_are_never_saved_nor_restored(workspace, tmp_path, kind):
+    """Resident in $HOME: a checkpoint leaves the config folder out, and `/undo` to one
+    taken before it was left out (which holds the folder) neither writes nor deletes
+    there: what the person changed in the meantime stays."""
+    config = workspace / ".config" / "resident"
+    config.mkdir(parents=True)
+    (config / "hooks.json").write_text('{"hooks": {}}\n')
+    (workspace / "a.txt").write_text("a1\n")
+    if kind == "git":
+        init_repo(workspace)
+
+    def store(protected):
+        if kind == "git":
+            return GitCheckpointStore(workspace, protected=protected)
+        return CopyCheckpointStore(workspace, tmp_path / "data", protected=protected)
+
+    old = store(()).create("holds the config folder")
+    guarded = store([config])
+    (config / "hooks.json").write_text('{"hooks": {"session_start": []}}\n')  # the person's
+    (config / "trusted-hooks.json").write_text("{}\n")
+    (workspace / "a.txt").write_text("a2\n")
+    assert [(c.action, c.path) for c in guarded.changes(old.id)] == [("write", "a.txt")]
+    report = guarded.restore(old.id)
+    assert report.written == ("a.txt",) and report.deleted == ()
+    assert (workspace / "a.txt").read_text() == "a1\n"
+    assert (config / "hooks.json").read_text() == '{"hooks": {"session_start": []}}\n'
+    assert (config / "trusted-hooks.json").exists()
+    assert report.before_restore is not None
+    (workspace / "a.txt").write_text("a3\n")
+    guarded.restore(report.before_restore.id)  # the checkpoint the restore took: no config in it
+    assert (workspace / "a.txt").read_text() == "a2\n"
+    if kind == "git":
+        ref = f"refs/resident/checkpoints/{report.before_restore.id}"
+        saved = git(workspace, "ls-tree", "-r", "--name-only", ref).split()
+    else:
+        manifest = tmp_path / "data" / "manifests" / f"{report.before_restore.id}.json"
+        saved = list(json.loads(manifest.read_text())["entries"])
+    assert "a.txt" in saved and not [p for p in saved if p.startswith(".config")]

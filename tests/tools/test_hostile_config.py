@@ -12,7 +12,11 @@ and with a person who approves everything:
 - creating `.resident/mcp.json` or `.resident/commands/NAME.md`: asked for by name,
   every time, in auto-edit and full-auto too, and never run with nobody to ask;
 - rewriting a script a trusted hook runs: trust is gone, the hooks stop;
-- a repository's MCP server named like one of the user's: refused, the user's stays.
+- a repository's MCP server named like one of the user's: refused, the user's stays;
+- with the workspace at $HOME, grep, glob and list over it (or over `.config`), the
+  snapshot, AGENTS.md and both kinds of checkpoint never reach the config folder's
+  tokens, the data folder's journals or the cache, nor a link leading into them, while a
+  direct read of them asks.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.context.agents_md import read_agents_files
+from agent.core.context.selection import PROTECTED_LINK, Omitted, select_files
 from agent.core.hooks.active import active_hooks
 from agent.core.hooks.config import load_hooks
 from agent.core.hooks.scripts import hooks_coverage
@@ -31,7 +37,9 @@ from agent.core.hooks.trust import HookTrust
 from agent.core.mcp.config import load_config
 from agent.core.mcp.launch import trust_refusal
 from agent.core.mcp.trust import McpTrust, server_coverage
+from tests.tools.conftest import git
 from tests.tools.hostile_harness import (
+    SECRET,
     Attack,
     Call,
     Config,
@@ -40,7 +48,11 @@ from tests.tools.hostile_harness import (
     require_sandbox,
     run_attack,
     tree,
+    write_files,
 )
+from tools import ToolContext, default_registry
+from tools.checkpoints.copies import CopyCheckpointStore
+from tools.checkpoints.git_refs import GitCheckpointStore
 
 USER_HOOKS = '{"hooks": {"session_start": [{"command": "date"}]}}\n'
 # Templates (Scene.fmt): literal braces doubled.
@@ -256,10 +268,101 @@ def test_hostile_configuration_is_contained(tmp_path, attack, config):
 
 def test_the_config_folder_is_found_wherever_home_puts_it(tmp_path):
     """The classes above rely on the scene's HOME deciding where the config lies."""
-    from tools.context import ToolContext
-
     workspace = Path(os.path.realpath(tmp_path))
     ctx = ToolContext(workspace=workspace, env={"HOME": str(workspace), "PATH": os.defpath})
     held = {d.path for d in ctx.protected_dirs}
     assert workspace / ".config" / "resident" in held
     assert workspace / ".local" / "share" / "resident" in held
+
+
+# -- walks: grep, glob, list, the snapshot and checkpoints leave Resident's folders out --------
+
+STATE_FOLDERS = (CONFIG, ".local/share/resident", ".cache/resident")
+
+
+def _home_with_tokens(scene: Scene) -> None:
+    """Resident started in $HOME, whose config holds an MCP token, whose data holds a
+    journal and whose cache a kernel; and links leading into them from the project."""
+    _home_is_workspace(scene)
+    mark = f"{SECRET}{scene.mark}"
+    server = {"command": "gh-mcp", "env": {"GITHUB_TOKEN": f"{mark}mcp"}}
+    write_files(scene.workspace, {
+        f"{CONFIG}/mcp.json": json.dumps({"mcpServers": {"github": server}}),
+        ".local/share/resident/sessions/s1/messages.jsonl": f'{{"text": "{mark}journal"}}\n',
+        ".cache/resident/kernels/notes.txt": f"{mark}cache\n",
+    })  # fmt: skip
+    (scene.workspace / "notes").mkdir()
+    (scene.workspace / "notes" / "servers.json").symlink_to(f"../{CONFIG}/mcp.json")
+    (scene.workspace / "AGENTS.md").symlink_to(f"{CONFIG}/mcp.json")
+
+
+def _names_state(text: str) -> bool:
+    return any(folder in text for folder in STATE_FOLDERS) or "resident/" in text
+
+
+def _walks_leave_the_state_out(scene: Scene, calls: list[Call], config: Config) -> None:
+    """Nothing of the folders in any walk, in any mode; their files are read by name only."""
+    for call in calls:
+        assert call.ran and not call.asked, f"{call.tool} {call.arguments}: {call.output}"
+        if call.tool == "grep":
+            assert call.output.startswith("No matches"), call.output
+        else:
+            assert not _names_state(call.output), call.output
+    protected = ToolContext(workspace=scene.workspace, env=scene.env).protected_paths
+    assert {scene.workspace / folder for folder in STATE_FOLDERS} <= set(protected)
+    files, omitted = select_files(scene.workspace, protected=protected)
+    assert files and not any(_names_state(f.path) or SECRET in f.text for f in files)
+    assert Omitted("notes/servers.json", PROTECTED_LINK) in omitted
+    assert Omitted("AGENTS.md", PROTECTED_LINK) in omitted
+    found = read_agents_files(scene.workspace, protected)
+    assert found.texts == [] and [path for path, _ in found.skipped] == ["AGENTS.md"]
+    copies = CopyCheckpointStore(scene.workspace, scene.root / "copies", protected=protected)
+    manifest = scene.root / "copies" / "manifests" / f"{copies.create('walk').id}.json"
+    copied = json.loads(manifest.read_text())["entries"]
+    assert "README.md" in copied and not any(_names_state(path) for path in copied)
+    commits = GitCheckpointStore(scene.workspace, protected=protected)
+    checkpoint = commits.create("walk")
+    ref = f"refs/resident/checkpoints/{checkpoint.id}"
+    committed = git(scene.workspace, "ls-tree", "-r", "--name-only", ref).splitlines()
+    assert "README.md" in committed and not any(_names_state(path) for path in committed)
+
+
+WALKS = Attack(
+    "walks-into-the-config-inside-a-home-workspace",
+    steps=(
+        ("grep", {"pattern": SECRET}),
+        ("grep", {"pattern": SECRET, "glob": "**/resident/**"}),
+        ("grep", {"pattern": "GITHUB_TOKEN", "files_only": True}),
+        ("grep", {"pattern": SECRET, "path": "notes"}),
+        ("grep", {"pattern": SECRET, "path": ".config"}),
+        ("glob", {"pattern": "**/*.json"}),
+        ("glob", {"pattern": "**/mcp.json", "path": ".config"}),
+        ("list", {"path": ".", "depth": 10}),
+        ("list", {"path": ".local", "depth": 10}),
+    ),
+    setup=_home_with_tokens,
+    check=_walks_leave_the_state_out,
+)
+
+
+@pytest.mark.parametrize(("attack", "config"), params([WALKS]))
+def test_walks_leave_residents_folders_out(tmp_path, attack, config):
+    """With the workspace at $HOME, a search or listing never reaches the config folder's
+    tokens, the data folder's journals or the cache, nor does the snapshot or a checkpoint;
+    a direct read of them asks (the classes above). File tools only: no sandbox needed."""
+    scene, calls = run_attack(tmp_path, attack, config, sandbox=None)
+    attack.check(scene, calls, config)  # type: ignore[misc]
+
+
+def test_a_walk_started_inside_the_config_folder_lists_it(tmp_path):
+    """Naming the folder is a read of it, judged on its path (asked: tests above); once
+    granted, the walk does not hide what it was asked to search."""
+    home = Path(os.path.realpath(tmp_path))
+    write_files(home, {f"{CONFIG}/mcp.json": '{"mcpServers": {}}\n', "README.md": "hi\n"})
+    ctx = ToolContext(workspace=home, env={"HOME": str(home), "PATH": os.defpath})
+    registry = default_registry()
+    listed = registry.call("glob", {"pattern": "*.json", "path": CONFIG}, ctx)
+    assert listed.output == f"{CONFIG}/mcp.json"
+    found = registry.call("grep", {"pattern": "mcpServers", "path": CONFIG}, ctx)
+    assert found.output.startswith(f"{CONFIG}/mcp.json:1:")
+    assert registry.call("grep", {"pattern": "mcpServers"}, ctx).output.startswith("No matches")

@@ -1,7 +1,8 @@
 """Hostile fetches (issue 38, item 5): a model that steers web_fetch at this machine or
 the cloud metadata service through whatever it was given (a glob rule, --network, a
 person's yes), names whose DNS points home or changes between hops, IPv6 spellings of
-IPv4 addresses, and plan mode with the network on.
+IPv4 addresses, plan mode with the network on, and names that resolve to an address a
+deny rule names.
 
 Each attack runs as the model makes it (`ToolRunner.run` with a real `PermissionPolicy`)
 in every approval mode, with nobody to ask and with a person who approves everything,
@@ -19,7 +20,7 @@ import pytest
 from agent.core.clients import ToolCallChunk
 from agent.core.events import EventEmitter
 from agent.core.tool_runner import ApprovalAnswer, ToolRunner
-from tests.tools.web_network import PUBLIC_UP, FakeInternet
+from tests.tools.web_network import PUBLIC_DOWN, PUBLIC_UP, FakeInternet
 from tests.tools.web_server import PageServer
 from tools import ApprovalMode, PermissionPolicy, Registry, ToolContext, ToolResult
 from tools.web.fetch import FetchLimits
@@ -41,12 +42,12 @@ def internet(monkeypatch):
     return FakeInternet(monkeypatch)
 
 
-def fetch(workspace, config, url, *, allow=(), network=False) -> tuple[ToolResult, bool]:
+def fetch(workspace, config, url, *, allow=(), deny=(), network=False) -> tuple[ToolResult, bool]:
     """One web_fetch call through the agent's ToolRunner: (result, whether it asked)."""
     mode, approver = config
     ctx = ToolContext(workspace=workspace)
     policy = PermissionPolicy(
-        mode, workspace=workspace, allow=allow, sandboxed=True, network=network
+        mode, workspace=workspace, allow=allow, deny=deny, sandboxed=True, network=network
     )
     events: list = []
 
@@ -172,3 +173,78 @@ def test_an_address_a_rule_names_is_reached_through_a_name(workspace, site, inte
     result, _ = fetch(workspace, (ApprovalMode.ASK, "nobody"), url, allow=other_port)
     assert not result.ok and "resolves to 127.0.0.1" in result.output
     assert len(site.requests) == 1
+
+
+# -- deny rules that name an address: applied to what every name resolves to ----------------
+
+DENIED = PUBLIC_UP[0]  # public and served: fetched, were the deny rule read on the URL alone
+NAT64_OF_DENIED = "64:ff9b::5db8:d70e"  # 93.184.215.14 through a NAT64 gateway
+DENY_RULES = [
+    "web_fetch:{address}",
+    "web_fetch:{address}:{port}",
+    "*:{address}",
+    "web_fetch(93.184.*)",
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("rule", DENY_RULES)
+@pytest.mark.parametrize(
+    "answer",
+    [[DENIED], [f"::ffff:{DENIED}"], [NAT64_OF_DENIED], [PUBLIC_DOWN[0], DENIED]],
+    ids=["address", "ipv4-mapped", "nat64", "one-of-two"],
+)
+def test_a_deny_rule_naming_an_address_refuses_a_name_that_resolves_to_it(
+    workspace, site, internet, config, rule, answer
+):
+    """`--deny web_fetch:8.8.8.8` holds for every name whose DNS leads there, with the
+    name allowed, --network on and a person who approves everything."""
+    host = internet.name("docs.example", answer)
+    url = f"http://{host}:{site.port}/plain.txt"
+    deny = [rule.format(address=DENIED, port=site.port)]
+    allow = ("web_fetch:docs.example", "web_fetch")
+    result, _ = fetch(workspace, config, url, allow=allow, deny=deny, network=True)
+    assert internet.connected == [], result.output  # no address of the name was dialled
+    assert site.requests == [] and not result.ok
+    if "Not fetched" in result.output:  # ran, and was refused after resolution
+        assert "deny rule" in result.output and f"{host} resolves to" in result.output
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("target", ["127.0.0.1", "10.0.0.5"])
+def test_a_deny_rule_wins_over_an_allow_rule_naming_the_address(
+    workspace, site, internet, config, target
+):
+    host = internet.name("wiki.corp", [target])
+    url = f"http://{host}:{site.port}/plain.txt"
+    allow = ("web_fetch:wiki.corp", f"web_fetch:{target}")
+    result, _ = fetch(workspace, config, url, allow=allow, deny=[f"web_fetch:{target}"])
+    assert internet.connected == [], result.output
+    assert site.requests == [] and not result.ok
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_a_denied_address_is_refused_on_a_redirect_hop(workspace, site, internet, config):
+    """The first lookup gives an address no rule names, the redirect's new connection
+    one a deny rule names: that hop is refused before it is dialled."""
+    host = internet.name("hop.example", [PUBLIC_UP[0]], [PUBLIC_DOWN[0]])
+    deny = [f"web_fetch:{PUBLIC_DOWN[0]}"]
+    result, _ = fetch(
+        workspace, config, f"http://{host}:{site.port}/chain/1", deny=deny, network=True
+    )
+    assert PUBLIC_DOWN[0] not in internet.connected, result.output
+    assert not result.ok
+    if internet.connected:  # it ran: the first hop went out, the second was refused
+        assert internet.connected == [PUBLIC_UP[0]]
+        assert f"hop.example resolves to {PUBLIC_DOWN[0]}" in result.output
+        assert "deny rule" in result.output
+
+
+def test_a_deny_rule_for_another_port_leaves_the_address_alone(workspace, site, internet):
+    host = internet.name("docs.example", [DENIED])
+    url = f"http://{host}:{site.port}/plain.txt"
+    result, _ = fetch(
+        workspace, (ApprovalMode.ASK, "nobody"), url, deny=[f"web_fetch:{DENIED}:1"], network=True
+    )
+    assert result.ok, result.output
+    assert internet.connected == [DENIED]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -146,3 +147,27 @@ def test_grep_truncates_long_lines(workspace):
     (workspace / "min.js").write_text("x" * 5000 + "needle" + "y" * 5000 + "\n")
     result = _grep(workspace, False, pattern="needle")
     assert "line truncated" in result.output and len(result.output) < 1000
+
+
+@pytest.mark.parametrize("use_ripgrep", [False, pytest.param(True, marks=needs_rg)])
+def test_residents_folders_in_a_home_workspace_are_never_walked(project, use_ripgrep):
+    """Resident started in $HOME: its config, data and cache folders lie in the workspace
+    (tracked, in git: a dotfiles repository). No search or listing enters them, from the
+    top or from a folder above them; their files are read by name, which asks."""
+    folders = (".config/resident", ".local/share/resident", ".cache/resident")
+    for folder in folders:
+        (project / folder).mkdir(parents=True)
+        (project / folder / "state.json").write_text('{"token": "hello-token"}\n')
+    if (project / ".git").exists():
+        commit_all(project, "dotfiles")
+    env = {"HOME": str(project), "PATH": os.defpath}
+    ctx = ToolContext(workspace=project, env=env, use_ripgrep=use_ripgrep)
+    registry = default_registry()
+    found = registry.call("grep", {"pattern": "hello", "case_insensitive": True}, ctx)
+    assert "src/util.py" in found.output and "token" not in found.output
+    for path in (".", ".config", ".local/share", ".cache"):
+        listed = registry.call("glob", {"pattern": "**/*", "path": path}, ctx).output
+        tree = registry.call("list", {"path": path, "depth": 10}, ctx).output
+        searched = registry.call("grep", {"pattern": "token", "path": path}, ctx).output
+        assert "state.json" not in listed + tree and searched.startswith("No matches")
+    assert "README.md" in registry.call("glob", {"pattern": "*.md"}, ctx).output

@@ -10,7 +10,7 @@ import ipaddress
 import pytest
 
 from tools import ApprovalMode, PermissionPolicy, ToolCall, Verdict
-from tools.web.addresses import address_kind
+from tools.web.addresses import Reach, address_kind
 from tools.web.url import host_matches, is_local_host, names_host, parse_web_url
 
 ALLOW, ASK, DENY = Verdict.ALLOW, Verdict.ASK, Verdict.DENY
@@ -181,3 +181,57 @@ def test_plan_mode_asks_before_every_fetch(decide, network, allow, url):
 def test_plan_mode_still_denies_what_a_deny_rule_names(decide):
     decision = decide("https://example.com/", ApprovalMode.PLAN, network=True, deny=["web_fetch"])
     assert decision.verdict is DENY
+
+
+def test_the_grant_carries_what_deny_rules_name(decide):
+    deny = [
+        "web_fetch:8.8.8.8",
+        "web_fetch:[::1]:8080",
+        "*:10.0.0.5",
+        "web_fetch(10.*)",
+        "web_fetch:evil.example",  # a name: judged on the URL alone
+        "shell:curl",  # another tool's
+    ]
+    decision = decide("http://docs.example.com/", network=True, deny=deny)
+    assert decision.allowed
+    assert decision.grant.denied == {
+        (ipaddress.ip_address("8.8.8.8"), None),
+        (ipaddress.ip_address("::1"), 8080),
+        (ipaddress.ip_address("10.0.0.5"), None),
+    }
+    assert ("10.*", None) in decision.grant.denied_globs
+
+
+def test_a_denied_address_is_denied_in_every_spelling(decide):
+    for url in ("http://8.8.8.8/", "http://134744072/", "http://[::ffff:8.8.8.8]/"):
+        for mode in ApprovalMode:
+            decision = decide(url, mode, network=True, deny=["web_fetch:8.8.8.8"])
+            assert decision.verdict is DENY, (url, mode, decision)
+    assert decide("http://[64:ff9b::808:808]/", deny=["web_fetch:8.8.8.8"]).verdict is DENY
+
+
+def test_reach_refuses_what_a_deny_rule_names_whatever_names_it():
+    address = ipaddress.ip_address
+    reach = Reach(
+        named=frozenset({(address("10.0.0.5"), None)}),
+        denied=frozenset({(address("8.8.8.8"), None), (address("10.0.0.5"), 8080)}),
+        denied_globs=frozenset({("192.0.2.*", None), ("*", 9000)}),
+    )
+    assert reach.denial(address("8.8.8.8"), 443) == "8.8.8.8"
+    assert reach.denial(address("::ffff:8.8.8.8"), 443) == "8.8.8.8"
+    assert reach.denial(address("64:ff9b::808:808"), 80) == "8.8.8.8"
+    assert reach.denial(address("2002:808:808::1"), 80) == "8.8.8.8"  # 6to4
+    assert reach.denial(address("8.8.4.4"), 443) is None
+    assert reach.denial(address("10.0.0.5"), 8080) == "10.0.0.5:8080"  # named, yet denied
+    assert reach.denial(address("10.0.0.5"), 80) is None
+    assert reach.refusal("wiki.corp", address("10.0.0.5"), 80) is None
+    assert reach.denial(address("192.0.2.7"), 80) == "192.0.2.*"
+    assert reach.denial(address("1.1.1.1"), 9000) == "*:9000"
+    assert reach.denial(address("1.1.1.1"), 9001) is None
+
+
+def test_a_glob_for_names_is_no_address_glob(decide):
+    """`web_fetch(*.*)` denies dotted names; it does not follow `localhost` to 127.0.0.1."""
+    deny = ["web_fetch(*.*)", "web_fetch(*:9000)", "web_fetch(*.example.com)"]
+    decision = decide("http://localhost:3000/", allow=["web_fetch:localhost"], deny=deny)
+    assert decision.allowed and decision.grant.denied_globs == frozenset()

@@ -5,6 +5,9 @@ target); file contents live once under objects/, named by their SHA-256, so
 repeated checkpoints of a mostly unchanged tree cost little. A file whose
 size and mtime match the previous manifest is not hashed again. Ignore
 rules come from the .gitignore files in the tree, as git would apply them.
+Resident's own folders (config, data, cache: the store itself among them) are
+never copied when they lie inside the workspace, and a restore never touches
+them, even from a checkpoint that holds them (tools.workspace.walk).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import re
 import stat
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -29,7 +33,7 @@ from tools.checkpoints.protocol import (
 )
 from tools.workspace import safe_fs
 from tools.workspace.safe_fs import atomic_write, remove_empty_parents, remove_file, write_symlink
-from tools.workspace.walk import visible_files
+from tools.workspace.walk import covered, left_out, names_left_out, visible_files
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 Entries = dict[str, dict[str, Any]]
@@ -51,13 +55,22 @@ class CopyCheckpointStore:
     kind = "copy"
 
     def __init__(
-        self, workspace: Path, store_dir: Path, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+        self,
+        workspace: Path,
+        store_dir: Path,
+        *,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        protected: Iterable[Path] | None = None,
     ) -> None:
+        """`protected`: folders never copied nor restored, by real path (None: the user's
+        Resident folders as this process places them)."""
         self.workspace = Path(os.path.realpath(workspace))
         self.store_dir = Path(os.path.realpath(store_dir))
         self.objects = self.store_dir / "objects"
         self.manifests = self.store_dir / "manifests"
         self.max_file_bytes = max_file_bytes
+        self.protected = left_out(self.workspace, protected)
+        self._protected_names = names_left_out(self.workspace, self.protected)
 
     # -- scanning ----------------------------------------------------------
 
@@ -80,7 +93,7 @@ class CopyCheckpointStore:
         trusted_before_ns = int((previous_time - 2.0) * 1e9)
         entries: Entries = {}
         skipped: list[str] = []
-        for relative in visible_files(self.workspace, self.workspace):
+        for relative in visible_files(self.workspace, self.workspace, self.protected):
             if self._inside_store(relative):
                 continue
             path = self.workspace / relative
@@ -176,6 +189,14 @@ class CopyCheckpointStore:
 
     # -- comparing and restoring -------------------------------------------
 
+    def _restorable(self, saved: Entries) -> Entries:
+        """`saved` less what lies in Resident's own folders (a checkpoint taken before
+        they were left out may hold them): a restore never writes there."""
+        names = self._protected_names
+        if not names:
+            return saved
+        return {path: entry for path, entry in saved.items() if not covered(path, names)}
+
     @staticmethod
     def _diff(current: Entries, saved: Entries) -> list[Change]:
         changes = [Change("delete", path) for path in current if path not in saved]
@@ -188,13 +209,13 @@ class CopyCheckpointStore:
         return sorted(changes, key=lambda change: change.path)
 
     def changes(self, checkpoint_id: str) -> list[Change]:
-        saved = self._load(checkpoint_id)["entries"]
+        saved = self._restorable(self._load(checkpoint_id)["entries"])
         current, _ = self._scan(self._latest_entries(), keep=False)
         return self._diff(current, saved)
 
     def restore(self, checkpoint_id: str, *, save_current: bool = True) -> RestoreReport:
         manifest = self._load(checkpoint_id)
-        saved: Entries = manifest["entries"]
+        saved: Entries = self._restorable(manifest["entries"])
         before = self.create(f"before restoring {checkpoint_id}") if save_current else None
         if before:
             current = self._load(before.id)["entries"]

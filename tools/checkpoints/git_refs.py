@@ -10,7 +10,9 @@ Restore: snapshot the current state, diff that tree against the
 checkpoint's, delete what the checkpoint did not have, and check out what
 differs through another temporary index. Untracked files larger than a cap
 are left out of snapshots (and so are never deleted by a restore), so one
-stray dataset does not bloat the repository's object store.
+stray dataset does not bloat the repository's object store. Resident's own
+folders (config, data, cache) inside the workspace are never added, and a
+restore never touches them (tools.workspace.walk).
 
 Git runs hardened (tools.git.repo): the repository pinned, config that would
 run programs forced off and hooks off, since nobody approves a checkpoint
@@ -23,7 +25,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
@@ -45,6 +47,7 @@ from tools.git.repo import (
     workspace_pathspec,
 )
 from tools.workspace.safe_fs import remove_empty_parents, remove_file
+from tools.workspace.walk import covered, left_out, names_left_out
 
 REF_PREFIX = "refs/resident/checkpoints/"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -61,9 +64,18 @@ _GITLINK = "160000"
 class GitCheckpointStore:
     kind = "git"
 
-    def __init__(self, workspace: Path, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> None:
+    def __init__(
+        self,
+        workspace: Path,
+        *,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        protected: Iterable[Path] | None = None,
+    ) -> None:
+        """`protected`: folders never added nor restored, by real path (None: the user's
+        Resident folders as this process places them)."""
         self.workspace = Path(os.path.realpath(workspace))
         self.max_file_bytes = max_file_bytes
+        self.protected = left_out(self.workspace, protected)
         with self._repo():
             pass  # fail early outside a repository
 
@@ -92,9 +104,13 @@ class GitCheckpointStore:
                 shutil.copy2(real_index, index)
             yield {"GIT_INDEX_FILE": str(index)}
 
-    def _large_untracked(self, repo: Repository, spec: str, env: dict[str, str]) -> list[str]:
+    def _large_untracked(
+        self, repo: Repository, spec: str, env: dict[str, str], excludes: list[str]
+    ) -> list[str]:
         raw = run_git(
-            repo, ["ls-files", "-z", "--others", "--exclude-standard", "--", spec], env=env
+            repo,
+            ["ls-files", "-z", "--others", "--exclude-standard", "--", spec, *excludes],
+            env=env,
         )
         top = repo.work_tree
         large = []
@@ -112,9 +128,10 @@ class GitCheckpointStore:
     def _snapshot_tree(self, repo: Repository) -> tuple[str, list[str]]:
         spec = workspace_pathspec(repo)
         with self._temporary_index(repo, seed=True) as env:
-            skipped = self._large_untracked(repo, spec, env)
+            protected = [f":(top,exclude,literal){name}" for name in self._protected_names(repo)]
+            skipped = self._large_untracked(repo, spec, env, protected)
             excludes = [f":(top,exclude,literal){name}" for name in skipped]
-            run_git(repo, ["add", "--all", "--", spec, *excludes], env=env)
+            run_git(repo, ["add", "--all", "--", spec, *excludes, *protected], env=env)
             tree = git_text(repo, ["write-tree"], env=env).strip()
         return tree, skipped
 
@@ -167,8 +184,13 @@ class GitCheckpointStore:
         except GitError as exc:
             raise CheckpointError(f"no checkpoint {checkpoint_id!r}") from exc
 
+    def _protected_names(self, repo: Repository) -> tuple[str, ...]:
+        """Resident's folders inside the work tree, relative to its top."""
+        return names_left_out(repo.work_tree, self.protected)
+
     def _diff(self, repo: Repository, current_tree: str, commit: str) -> list[Change]:
         spec = workspace_pathspec(repo)
+        protected = self._protected_names(repo)
         raw = run_git(
             repo,
             [
@@ -191,6 +213,8 @@ class GitCheckpointStore:
             if _GITLINK in (old_mode, new_mode):
                 continue  # submodules are their own repositories
             name = os.fsdecode(path)
+            if protected and covered(name, protected):
+                continue  # never written back nor deleted, whatever the checkpoint holds
             changes.append(Change("delete" if status == "D" else "write", name))
         return changes
 

@@ -11,6 +11,10 @@ link to a file inside the workspace is searched (unless its target is listed
 too, which is then searched under its own name) and a link leading outside
 is skipped and counted in the result. Lines are read bounded: a longer line
 is searched in its first GREP_MAX_LINE_BYTES only (ripgrep: shown cut).
+
+Resident's own folders (config, data, cache) inside the searched directory are
+never searched (tools.workspace.walk), nor a link leading into them: their
+tokens and journals are read by name, which asks.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from tools.files.search import display_path, resolve_directory
 from tools.workspace.globbing import compile_glob
 from tools.workspace.paths import PathError, ResolvedPath, secret_reason
 from tools.workspace.safe_fs import OutsideLinkError, open_confined_file
-from tools.workspace.walk import visible_files
+from tools.workspace.walk import covered, leads_into, left_out, names_left_out, visible_files
 
 RG_TIMEOUT_S = 60.0
 # A "line" longer than this (a minified bundle, a dump without newlines) is searched
@@ -92,7 +96,8 @@ def python_search(
     regex = re.compile(args.pattern, re.IGNORECASE if args.case_insensitive else 0)
     wanted = _glob_filter(args.glob)
     width = ctx.limits.grep_max_line_chars
-    listed = list(visible_files(base.root, base.real))
+    folders = left_out(base.real, ctx.protected_paths)
+    listed = list(visible_files(base.root, base.real, folders))
     listed_set = set(listed)
     notes = ScanNotes()
     hits: list[Hit] = []
@@ -107,8 +112,10 @@ def python_search(
                 if opened.target != requested and (
                     _listed_name(base, opened.target) in listed_set
                     or _is_secret(opened.target.as_posix())
+                    or leads_into(base.root / opened.target, folders)
                 ):
-                    continue  # a link to a file searched under its own name, or to a secret
+                    continue  # a link to a file searched under its own name, to a secret,
+                    # or into Resident's own folders
                 for hit in _search_file(opened.file, relative, regex, args.files_only, notes):
                     if len(hits) == limit:
                         return hits, True, notes
@@ -177,6 +184,10 @@ def ripgrep_search(
         command.append("--ignore-case")
     if args.glob:
         command += ["--glob", args.glob]
+    # Resident's own folders, after the model's glob (the last matching glob wins). The
+    # output is checked against them too: the glob only spares reading them.
+    skipped = names_left_out(base.real, ctx.protected_paths)
+    command += [f"--glob=!/{_glob_literal(name)}" for name in skipped]
     command += ["--regexp", args.pattern, "--", "."]
     process = subprocess.Popen(
         command, cwd=base.real, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -189,7 +200,7 @@ def ripgrep_search(
         assert process.stdout is not None
         records = _records(process.stdout, args.files_only)
         for path, number, text in records:
-            if _is_secret(path):
+            if _is_secret(path) or (skipped and covered(path, skipped)):
                 continue
             if len(hits) == limit:
                 more = True
@@ -210,6 +221,11 @@ def ripgrep_search(
     if process.returncode == 2 and not hits and "regex" in stderr.lower():
         raise RipgrepRegexError(stderr.strip())
     return hits, more
+
+
+def _glob_literal(name: str) -> str:
+    """`name` as a glob matching only itself."""
+    return re.sub(r"([\\*?\[\]{}!])", r"\\\1", name)
 
 
 def _records(stream, files_only: bool) -> Iterator[tuple[str, int, str]]:

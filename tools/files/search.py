@@ -1,4 +1,8 @@
-"""The `list` and `glob` tools: what files exist, honouring .gitignore."""
+"""The `list` and `glob` tools: what files exist, honouring .gitignore.
+
+Neither lists Resident's own folders (config, data, cache) when they lie inside the
+directory (tools.workspace.walk).
+"""
 
 from __future__ import annotations
 
@@ -50,7 +54,7 @@ class ListTool(Tool):
         except PathError as exc:
             return ToolResult.error(str(exc))
         entries: dict[str, int] = {}  # entry -> number of files under it (0 for files)
-        for relative in visible_files(base.root, base.real):
+        for relative in visible_files(base.root, base.real, ctx.protected_paths):
             parts = relative.split("/")
             for level in range(1, min(len(parts), args.depth + 1)):
                 directory = "/".join(parts[:level]) + "/"
@@ -110,7 +114,8 @@ class GlobTool(Tool):
             return ToolResult.error(str(exc))
         regex = compile_glob(args.pattern)
         cap = ctx.limits.glob_max_results
-        matches = sorted(r for r in visible_files(base.root, base.real) if regex.match(r))
+        listed = visible_files(base.root, base.real, ctx.protected_paths)
+        matches = sorted(r for r in listed if regex.match(r))
         if not matches:
             return ToolResult.success(f"No files match {args.pattern!r} under {base.display}.")
         shown = [display_path(base, m) for m in matches[:cap]]

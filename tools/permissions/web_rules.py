@@ -22,9 +22,11 @@ repository. So, first match wins:
 
 However a fetch was allowed, the tool judges every address a host resolves to
 (tools.web.addresses): a non-public one is reached only when the URL or an allow
-rule names it literally; the decision's grant (`FetchGrant`) carries the
-addresses allow rules name. A rule for a name is a rule for a name, never for
-whatever the name's DNS says today.
+rule names it literally, and no address a deny rule names (`web_fetch:8.8.8.8`,
+an IPv6 form carrying it, or an address glob such as `web_fetch(10.*)`) is reached
+at all, whatever name leads there; the decision's grant (`FetchGrant`) carries the
+addresses allow rules name and those deny rules name. A rule for a name is a rule
+for a name, never for whatever the name's DNS says today.
 """
 
 from __future__ import annotations
@@ -34,18 +36,22 @@ from collections.abc import Sequence
 
 from tools.base import ToolAccess
 from tools.permissions.approval import Decision, Rule, Verdict
-from tools.web.addresses import FetchGrant, NamedAddress
+from tools.web.addresses import FetchGrant, HostGlob, NamedAddress
 from tools.web.url import (
     URLError,
     WebURL,
     host_matches,
+    is_glob,
     is_local_host,
     names_host,
+    normalize_host_pattern,
     parse_web_url,
     pattern_address,
 )
 
 EVERY_HOST = (None, "*")  # patterns of a rule that names no host in particular
+# What an address glob is written with (`10.*`, `192.168.?.*`, `fe80:*`).
+ADDRESS_GLOB_CHARACTERS = frozenset("0123456789abcdef.:*?[]!-")
 
 
 def judge_fetch(
@@ -65,7 +71,10 @@ def judge_fetch(
     for rule in deny:
         if rule.covers_tool(tool) and (rule.pattern is None or host_matches(rule.pattern, url)):
             return Decision(Verdict.DENY, f"denied by rule '{rule}'", request)
-    grant = FetchGrant(addresses=named_addresses(tool, allow))
+    denied, denied_globs = denied_addresses(tool, deny)
+    grant = FetchGrant(
+        addresses=named_addresses(tool, allow), denied=denied, denied_globs=denied_globs
+    )
     local = is_local_host(url.host)
     if planning:
         where = " (this machine or a private network)" if local else ""
@@ -117,6 +126,30 @@ def named_addresses(tool: str, allow: Sequence[Rule]) -> frozenset[NamedAddress]
             if named is not None:
                 found.add(named)
     return frozenset(found)
+
+
+def denied_addresses(
+    tool: str, deny: Sequence[Rule]
+) -> tuple[frozenset[NamedAddress], frozenset[HostGlob]]:
+    """What this tool's deny rules name that an address can match: addresses written
+    out (`web_fetch:8.8.8.8`, any spelling) and address globs (`web_fetch(10.*)`: hex
+    digits, dots and colons only, a digit among them; not `*.*`, a glob for names,
+    which would take `localhost`'s 127.0.0.1 along), each with its port or None. The
+    rules judged the URL's host above; the tool judges every address the host
+    resolves to against these, on every connection (tools.web.transport)."""
+    addresses: set[NamedAddress] = set()
+    globs: set[HostGlob] = set()
+    for rule in deny:
+        if not rule.covers_tool(tool) or rule.pattern in EVERY_HOST:
+            continue  # no pattern: the rule denied every fetch already
+        named = pattern_address(rule.pattern or "")
+        if named is not None:
+            addresses.add(named)
+        elif is_glob(rule.pattern or ""):
+            host_glob, port = normalize_host_pattern(rule.pattern or "")
+            if set(host_glob) <= ADDRESS_GLOB_CHARACTERS and any(c.isdigit() for c in host_glob):
+                globs.add((host_glob, port))
+    return frozenset(addresses), frozenset(globs)
 
 
 def _rule_host(url: WebURL) -> str:

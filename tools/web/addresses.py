@@ -20,10 +20,16 @@ host is that address (the policy let that URL run: a rule naming the address, or
 a person), an allow rule names it (`web_fetch:10.0.0.5`, which `FetchGrant`
 carries to the tool), or the host is `localhost` and the address is loopback. A
 glob rule (`*.*`, `**`, `*:80`) names host names, never addresses.
+
+A deny rule works the other way and wins: an address it names (`web_fetch:8.8.8.8`,
+`web_fetch:10.0.0.5:8080`, in any spelling, or an IPv6 form that carries it) or an
+address glob it holds (`web_fetch(10.*)`) is refused on every connection, whatever
+name led there and whatever allowed the fetch (`Reach.denial`).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import ipaddress
 from dataclasses import dataclass
 
@@ -32,6 +38,8 @@ from tools.sandbox.bubblewrap import SandboxGrant
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 # (address, port): None for any port.
 NamedAddress = tuple[Address, int | None]
+# A deny rule's host glob and port (None for any), as tools.web.url normalizes it.
+HostGlob = tuple[str, int | None]
 
 # Names that resolve to this machine by convention (RFC 6761), whatever DNS says.
 LOCAL_NAMES = ("localhost",)
@@ -93,6 +101,21 @@ def embedded_ipv4(address: ipaddress.IPv6Address) -> tuple[ipaddress.IPv4Address
     return None
 
 
+def targets(address: Address) -> tuple[Address, ...]:
+    """Where packets for `address` end up: the address, and for an IPv6 form that
+    carries an IPv4 address (::ffff:8.8.8.8, NAT64, 6to4), that IPv4 address too."""
+    if isinstance(address, ipaddress.IPv6Address) and int(address) > 1:  # not :: or ::1
+        inner = embedded_ipv4(address)
+        if inner is not None:
+            return address, inner[0]
+    return (address,)
+
+
+def same_target(first: Address, second: Address) -> bool:
+    """Whether two addresses are one destination (`8.8.8.8` and `::ffff:8.8.8.8`)."""
+    return any(a == b for a in targets(first) for b in targets(second))
+
+
 def address_kind(address: Address) -> str | None:
     """Why `address` is not public ("loopback", "the cloud metadata service", ...), or
     None for a public internet address."""
@@ -137,14 +160,35 @@ class FetchGrant(SandboxGrant):
     the fetch may reach whatever host name led there."""
 
     addresses: frozenset[NamedAddress] = frozenset()
+    # What deny rules name that an address can match: addresses written out and
+    # globs (`web_fetch(10.*)`), refused on every connection (`Reach.denial`).
+    denied: frozenset[NamedAddress] = frozenset()
+    denied_globs: frozenset[HostGlob] = frozenset()
 
 
 @dataclass(frozen=True)
 class Reach:
     """What one fetch may connect to: public addresses, plus those named literally
-    (`named`), plus loopback when the host is `localhost`."""
+    (`named`), plus loopback when the host is `localhost`; never an address a deny
+    rule names (`denied`, `denied_globs`), whatever else holds."""
 
     named: frozenset[NamedAddress] = frozenset()
+    denied: frozenset[NamedAddress] = frozenset()
+    denied_globs: frozenset[HostGlob] = frozenset()
+
+    def denial(self, address: Address, port: int) -> str | None:
+        """The pattern of the deny rule that names `address` on `port` (`8.8.8.8`,
+        `[::1]:8080`, `10.*`), or None. An IPv6 form that carries a denied IPv4
+        address is denied too: its packets end up there."""
+        for named, named_port in self.denied:
+            if named_port in (None, port) and same_target(named, address):
+                return _pattern(rule_host(named), named_port)
+        for glob, glob_port in self.denied_globs:
+            if glob_port not in (None, port):
+                continue
+            if any(fnmatch.fnmatchcase(str(a), glob) for a in targets(address)):
+                return _pattern(glob, glob_port)
+        return None
 
     def refusal(self, host: str, address: Address, port: int) -> str | None:
         """Why `host`'s `address` may not be reached on `port`, or None."""
@@ -159,3 +203,12 @@ class Reach:
         if plain_loopback and is_localhost_name(host):
             return None
         return kind
+
+
+def rule_host(address: Address) -> str:
+    """An address as a rule writes it: `10.0.0.5`, `[::1]`."""
+    return f"[{address}]" if address.version == 6 else str(address)
+
+
+def _pattern(host: str, port: int | None) -> str:
+    return host if port is None else f"{host}:{port}"

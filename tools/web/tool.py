@@ -114,12 +114,15 @@ def reach_for(url: WebURL, grant: SandboxGrant) -> Reach:
     address or a person who saw it), and the addresses allow rules name literally.
     Not the URL's address under `grant.network` (allowed as one of every public
     host): the policy never grants that to a local address, and were it to, this
-    still refuses. Redirects stay on the URL's host, so this holds for every hop."""
-    named = grant.addresses if isinstance(grant, FetchGrant) else frozenset()
+    still refuses. Redirects stay on the URL's host, so this holds for every hop.
+    What deny rules name stays out on every connection, named or not."""
+    if not isinstance(grant, FetchGrant):
+        grant = FetchGrant(network=grant.network)
+    named = grant.addresses
     literal = ip_literal(url.host)
     if literal is not None and not grant.network:
         named = named | {(literal, None)}
-    return Reach(named=frozenset(named))
+    return Reach(named=frozenset(named), denied=grant.denied, denied_globs=grant.denied_globs)
 
 
 def page_result(response: Response, max_chars: int, limits: FetchLimits) -> ToolResult:

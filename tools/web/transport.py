@@ -8,7 +8,8 @@ changes between a check and the connection). Checking the name and then letting
 the connection resolve it again leaves that gap; here the address that was
 judged is the one connected to, on every connection (each redirect hop that
 opens one is judged again). Which addresses pass is tools.web.addresses' `Reach`:
-public ones, and non-public ones only where named literally. TLS still verifies
+public ones, and non-public ones only where named literally; never one a deny rule
+names (`web_fetch:8.8.8.8` refuses every name that resolves there). TLS still verifies
 the certificate against the host name (httpcore takes the server name from the
 URL, not from the socket).
 
@@ -27,7 +28,7 @@ from collections.abc import Iterable, Iterator
 import httpcore
 import httpx
 
-from tools.web.addresses import Reach
+from tools.web.addresses import Reach, rule_host
 from tools.web.url import ip_literal
 
 
@@ -53,6 +54,15 @@ class VettedBackend(httpcore.SyncBackend):
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.NetworkStream:
         addresses = self._resolve(host, port)
+        for address in addresses:  # a deny rule first: nothing opens what it names
+            rule = self.reach.denial(address, port)
+            if rule is None:
+                continue
+            what = host if ip_literal(host) == address else f"{host} resolves to {address}"
+            raise BlockedAddress(
+                f"{what}, which the deny rule 'web_fetch:{rule}' names: a denied address is "
+                "never fetched, whatever name leads to it or allowed the fetch"
+            )
         for address in addresses:
             kind = self.reach.refusal(host, address, port)
             if kind is None:
@@ -64,7 +74,7 @@ class VettedBackend(httpcore.SyncBackend):
             )
             raise BlockedAddress(
                 f"{what}: not a public address. It is reached only when the URL or an "
-                f"allow rule names that address (web_fetch:{_rule_host(address)}); a rule "
+                f"allow rule names that address (web_fetch:{rule_host(address)}); a rule "
                 "for a host name, a glob or --network never opens it"
             )
         last_error: Exception | None = None
@@ -92,10 +102,6 @@ class VettedBackend(httpcore.SyncBackend):
         # Keep the resolver's order (it sorts by RFC 6724), without repeats.
         found = dict.fromkeys(str(info[4][0]).split("%")[0] for info in infos)
         return [ipaddress.ip_address(text) for text in found]
-
-
-def _rule_host(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
-    return f"[{address}]" if address.version == 6 else str(address)
 
 
 class VettedTransport(httpx.BaseTransport):

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 import httpx
 
-from tools.web.addresses import Address, NamedAddress, is_local_address, is_localhost_name
+from tools.web.addresses import (
+    Address,
+    NamedAddress,
+    is_local_address,
+    is_localhost_name,
+    same_target,
+)
 
 SCHEMES = ("http", "https")
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -144,14 +150,15 @@ def host_matches(pattern: str, url: WebURL) -> bool:
     """Whether a rule's pattern covers `url`'s host (and port, when the pattern names
     one), as a deny rule reads it: as broadly as it is written. `*.example.com`
     covers every subdomain of example.com, not example.com; an address covers
-    every spelling of it (`127.0.0.1` covers `127.1`)."""
+    every spelling of it (`127.0.0.1` covers `127.1`, and `::ffff:127.0.0.1`, whose packets
+    end up there)."""
     host_glob, port = normalize_host_pattern(pattern)
     if port is not None and port != url.port:
         return False
     if fnmatch.fnmatchcase(url.host, host_glob):
         return True
     named, address = pattern_address(pattern), ip_literal(url.host)
-    return named is not None and named[0] == address
+    return named is not None and address is not None and same_target(named[0], address)
 
 
 def names_host(pattern: str, url: WebURL) -> bool:

@@ -8,6 +8,14 @@ never followed, so a walk cannot loop or leave the tree: a name git still
 has in its index below a directory that is now a symlink is not listed
 (git itself calls it deleted), whereas the link is. Whoever reads a listed
 file opens it through safe_fs, which decides where a link may lead.
+
+The user's Resident folders (config, data, cache: tools.workspace.protected) are
+left out whole, found by real path, when they lie inside the folder walked
+(Resident started in `$HOME`): a search, a listing, the snapshot or a
+checkpoint never holds their tokens and journals, which a direct read asks
+for. A walk that starts inside one of them lists it: the call that named it
+was judged on that path. Whoever follows a listed link checks its target with
+`leads_into` (a link may lead into those folders from anywhere).
 """
 
 from __future__ import annotations
@@ -15,12 +23,46 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
 from tools.git.env import hardened_git_env
 from tools.git.repo import GitError, find_repository
 from tools.workspace.ignore import IgnoreMatcher
+from tools.workspace.protected import find_state_dirs
+
+
+def left_out(directory: Path, protected: Iterable[Path] | None = None) -> tuple[Path, ...]:
+    """The protected folders (real paths) a walk of `directory` leaves out: `protected`,
+    or the user's Resident folders as this process places them when None; all but
+    those holding `directory`."""
+    if protected is None:
+        protected = (state.path for state in find_state_dirs())
+    real = Path(os.path.realpath(directory))
+    found = {Path(os.path.realpath(path)) for path in protected}
+    return tuple(sorted(p for p in found if p != real and p not in real.parents))
+
+
+def leads_into(real: Path, folders: Iterable[Path]) -> bool:
+    """Whether the real path `real` lies in one of `folders` (from `left_out`)."""
+    return any(real == folder or folder in real.parents for folder in folders)
+
+
+def _names_inside(directory: Path, folders: Iterable[Path]) -> tuple[str, ...]:
+    """`folders` strictly inside `directory`, as POSIX paths relative to it."""
+    real = Path(os.path.realpath(directory))
+    return tuple(f.relative_to(real).as_posix() for f in folders if real in f.parents)
+
+
+def names_left_out(directory: Path, protected: Iterable[Path] | None = None) -> tuple[str, ...]:
+    """The folders a walk of `directory` leaves out that lie inside it, relative to it:
+    what an outside walker (ripgrep) must be told to skip."""
+    return _names_inside(directory, left_out(directory, protected))
+
+
+def covered(relative: str, names: Iterable[str]) -> bool:
+    """Whether `relative` is one of `names` (from `names_left_out`) or lies below one."""
+    return any(relative == name or relative.startswith(name + "/") for name in names)
 
 
 def git_toplevel(directory: Path) -> Path | None:
@@ -63,7 +105,7 @@ def _lstat_in_tree(directory: Path) -> Callable[[str], os.stat_result | None]:
     return lstat
 
 
-def _git_files(directory: Path) -> Iterator[str] | None:
+def _git_files(directory: Path, skipped: tuple[str, ...]) -> Iterator[str] | None:
     # subprocess rather than GitPython: GitPython lays `env` over os.environ, which
     # would bring back the GIT_DIR-style variables the hardened environment drops.
     try:
@@ -94,7 +136,7 @@ def _git_files(directory: Path) -> Iterator[str] | None:
         for name in sorted(names):
             # A trailing slash marks a nested repository; tracked files deleted
             # from the work tree are still in the index but not on disk.
-            if name.endswith("/"):
+            if name.endswith("/") or (skipped and covered(name, skipped)):
                 continue
             info = lstat(name)
             if info is None or stat.S_ISDIR(info.st_mode):
@@ -114,9 +156,10 @@ def _ancestor_matcher(root: Path, directory: Path) -> IgnoreMatcher:
     return matcher
 
 
-def _plain_files(root: Path, directory: Path) -> Iterator[str]:
+def _plain_files(root: Path, directory: Path, skipped: tuple[str, ...]) -> Iterator[str]:
     prefix = directory.relative_to(root).as_posix() if directory != root else ""
     start = len(prefix) + 1 if prefix else 0
+    skipped_dirs = frozenset(skipped)
 
     def walk(path: Path, rel: str, matcher: IgnoreMatcher) -> Iterator[str]:
         try:
@@ -128,6 +171,8 @@ def _plain_files(root: Path, directory: Path) -> Iterator[str]:
             is_dir = entry.is_dir(follow_symlinks=False)
             if entry.name == ".git" or matcher.matches(child_rel, is_dir):
                 continue
+            if is_dir and child_rel[start:] in skipped_dirs:
+                continue  # one of the user's Resident folders
             if is_dir:
                 child_matcher = matcher.child(
                     root, PurePosixPath(child_rel, ".gitignore"), child_rel
@@ -139,11 +184,16 @@ def _plain_files(root: Path, directory: Path) -> Iterator[str]:
     yield from walk(directory, prefix, _ancestor_matcher(root, directory))
 
 
-def visible_files(root: Path, directory: Path) -> Iterator[str]:
+def visible_files(
+    root: Path, directory: Path, protected: Iterable[Path] | None = None
+) -> Iterator[str]:
     """Non-ignored files under `directory` (inside `root`), as sorted POSIX paths relative
-    to `directory`. Ignore files above `root` are not consulted outside git."""
+    to `directory`. Ignore files above `root` are not consulted outside git. The
+    protected folders inside `directory` are left out (`left_out`: `protected` by real
+    path, or the user's Resident folders as this process places them)."""
+    skipped = names_left_out(directory, protected)
     if git_toplevel(directory) is not None:
-        files = _git_files(directory)
+        files = _git_files(directory, skipped)
         if files is not None:
             return files
-    return _plain_files(root, directory)
+    return _plain_files(root, directory, skipped)

@@ -1,8 +1,9 @@
 """The one module through which the agent reaches a model (DESIGN.md §1).
 
 `LocalClient` drives the in-process engine, `HTTPClient` any OpenAI-compatible
-server; both speak `LLMClient`. The engine itself is imported only when a
-local client is made, so attach mode never loads torch.
+server; both speak `LLMClient`, and the agent reads every stream through
+`valid_stream` (valid Unicode, whatever a client sends). The engine itself is
+imported only when a local client is made, so attach mode never loads torch.
 """
 
 from agent.core.clients.base import (
@@ -26,6 +27,7 @@ from agent.core.clients.base import (
     estimate_tokens,
 )
 from agent.core.clients.http import HTTPClient, RetryPolicy
+from agent.core.clients.valid_stream import valid_stream
 
 
 def start_local_client(model: str, **engine_config) -> LLMClient:
@@ -58,4 +60,5 @@ __all__ = [
     "TransientError",
     "estimate_tokens",
     "start_local_client",
+    "valid_stream",
 ]

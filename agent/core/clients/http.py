@@ -32,6 +32,7 @@ from agent.core.clients.base import (
     TransientError,
 )
 from agent.core.clients.sse import ChatStreamDecoder, decode_complete_response, error_from_payload
+from agent.core.valid_unicode import json_text
 
 log = logging.getLogger(__name__)
 # vLLM's and SGLang's answer to tools when the server was started without a tool parser.
@@ -266,7 +267,17 @@ class HTTPClient(LLMClient):
             body["max_tokens"] = request.max_tokens
         if request.temperature is not None:
             body["temperature"] = request.temperature
-        response = await self._send("POST", "/chat/completions", stream=True, json=body)
+        # Encoded here rather than by httpx (`json=`), which raises on a lone surrogate:
+        # the history carries file names and tool output too, and one such character
+        # must not cost every later request (agent/core/valid_unicode.py).
+        content = json_text(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        response = await self._send(
+            "POST",
+            "/chat/completions",
+            stream=True,
+            content=content,
+            headers={"Content-Type": "application/json"},
+        )
         try:
             await self._check(response)
             if "text/event-stream" not in response.headers.get("content-type", "text/event-stream"):

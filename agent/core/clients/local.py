@@ -14,6 +14,7 @@ epoch's prefix is first complete, and when the session ends, it is saved.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -35,6 +36,7 @@ from agent.core.clients.base import (
     TransientError,
 )
 from agent.core.clients.structured import tool_call_constraint
+from agent.core.valid_unicode import valid_json
 from engine.chat import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallEnd, ToolCallError
 from engine.errors import EngineError, EngineOverloadedError, PromptTooLongError
 from engine.rendering import ChatRenderer, ChatRenderError, RenderedChat
@@ -121,6 +123,11 @@ class LocalClient(LLMClient):
             self.engine.shutdown()
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamItem]:
+        # The tokenizer takes no lone surrogate (a file name that is not UTF-8 in the
+        # snapshot, say): the prompt is valid Unicode first (agent/core/valid_unicode.py).
+        request = dataclasses.replace(
+            request, messages=valid_json(request.messages), tools=valid_json(request.tools)
+        )
         try:
             prompt = self.renderer.render(request.messages, request.tools)
         except ChatRenderError as err:

@@ -10,24 +10,31 @@ workspace (AGENTS.md -> CLAUDE.md is common) is read; one whose link leads
 outside the workspace is skipped, and the skip is returned to the caller
 (the snapshot's omitted list names the same file with the same reason); so
 is a FIFO or device, without waiting on it. At most MAX_BYTES of each file
-are read, whole lines, with a line saying when the rest was left out.
+are read, whole lines, with a line saying when the rest was left out. None is
+taken from Resident's own folders (config, data, cache) where they lie inside
+the workspace, nor through a link leading there (tools.workspace.walk).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import prompts
 from tools.workspace.safe_fs import OutsideLinkError, read_confined_bytes
-from tools.workspace.walk import visible_files
+from tools.workspace.walk import leads_into, left_out, visible_files
 
 FILE_NAME = "AGENTS.md"
 MAX_BYTES = 64 * 1024  # per file: instructions, not a manual
+# The snapshot's omitted list names such a link with the same words (selection.py).
+PROTECTED_LINK = "symbolic link into Resident's own folders (config, data, cache)"
 
 
-def find_agents_files(workspace: Path) -> list[str]:
-    found = [p for p in visible_files(workspace, workspace) if PurePosixPath(p).name == FILE_NAME]
+def find_agents_files(workspace: Path, protected: Iterable[Path] | None = None) -> list[str]:
+    listed = visible_files(workspace, workspace, protected)
+    found = [p for p in listed if PurePosixPath(p).name == FILE_NAME]
     return sorted(found, key=lambda p: (len(PurePosixPath(p).parts), p))
 
 
@@ -37,11 +44,18 @@ class AgentsFiles:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
 
 
-def read_agents_files(workspace: Path) -> AgentsFiles:
+def read_agents_files(workspace: Path, protected: Iterable[Path] | None = None) -> AgentsFiles:
+    """`protected`: folders left out by real path (tools.workspace.walk.left_out; None: the
+    user's Resident folders as this process places them)."""
     found = AgentsFiles()
-    for path in find_agents_files(workspace):
+    folders = left_out(workspace, protected)
+    root = Path(os.path.realpath(workspace))
+    for path in find_agents_files(workspace, folders):
         try:
             read = read_confined_bytes(workspace, PurePosixPath(path), MAX_BYTES)
+            if read.target.as_posix() != path and leads_into(root / read.target, folders):
+                found.skipped.append((path, PROTECTED_LINK))
+                continue
         except OutsideLinkError:
             found.skipped.append((path, "symbolic link leading outside the workspace"))
             continue
@@ -59,11 +73,11 @@ def read_agents_files(workspace: Path) -> AgentsFiles:
     return found
 
 
-def agents_instructions(workspace: Path) -> str:
+def agents_instructions(workspace: Path, protected: Iterable[Path] | None = None) -> str:
     """The system-prompt section for the repository's AGENTS.md files ('' when none)."""
     sections = [
         f'<agents_md path="{path}">\n{text}\n</agents_md>'
-        for path, text in read_agents_files(workspace).texts
+        for path, text in read_agents_files(workspace, protected).texts
     ]
     if not sections:
         return ""

@@ -102,7 +102,9 @@ class ResidentContext:
             self.tool_schemas = self.catalog.schemas()
         before = self.system_prompt
         self.system_prompt = prompts.load("system", workspace=str(self.workspace))
-        agents = agents_instructions(self.workspace)
+        # Resident's own folders, as the tools find them (the tools' environment too).
+        protected = self.tool_context.protected_paths if self.tool_context is not None else None
+        agents = agents_instructions(self.workspace, protected)
         if agents:
             self.system_prompt += "\n" + agents
         # The block is kept only behind the same system prompt: a cached prefix to extend.
@@ -118,6 +120,7 @@ class ResidentContext:
             max_file_bytes=self.settings.max_file_bytes,
             previous=self.snapshot,
             max_superseded=keep,
+            protected=protected,
         )
         self._prefix_tokens = fixed + self.snapshot.tokens
         self._record_reads(self.snapshot)

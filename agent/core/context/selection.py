@@ -14,18 +14,23 @@ workspace is read as that target (and left out as a duplicate when the target
 is a candidate itself); one that leads outside, a FIFO or a device is left out
 with its reason, so a hostile repository cannot pull an outside file into the
 prompt. `.residentignore` is read like `.gitignore`: never through a link.
+
+Resident's own folders (config, data, cache) are never part of it when they lie
+inside the workspace (Resident started in `$HOME`): the walk leaves them out, and a
+link leading into them is left out with its reason (tools.workspace.walk).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Container
+import os
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from tools.workspace.ignore import IgnoreMatcher, parse_lines, read_rules_file
 from tools.workspace.safe_fs import NotRegularFileError, OutsideLinkError, open_confined_file
-from tools.workspace.walk import visible_files
+from tools.workspace.walk import leads_into, left_out, visible_files
 
 USER_RULES_FILE = ".residentignore"
 DEFAULT_MAX_FILE_BYTES = 256 * 1024
@@ -134,6 +139,7 @@ class Omitted:
 
 
 OUTSIDE_LINK = "symbolic link leading outside the workspace"
+PROTECTED_LINK = "symbolic link into Resident's own folders (config, data, cache)"
 
 
 def exclusion_rules(workspace: Path) -> IgnoreMatcher:
@@ -148,15 +154,24 @@ def _looks_generated(text: str) -> bool:
 
 
 def read_candidate(
-    workspace: Path, path: str, max_bytes: int, listed: Container[str] = ()
+    workspace: Path,
+    path: str,
+    max_bytes: int,
+    listed: Container[str] = (),
+    protected: Sequence[Path] = (),
 ) -> tuple[RepoFile | None, Omitted | None]:
     """Read one candidate through safe_fs; `listed` are the other candidates' paths (a
-    link to one of them is left out: its content is already there under its own name)."""
+    link to one of them is left out: its content is already there under its own name);
+    a link into one of the `protected` folders (real paths) is left out too."""
     try:
         with open_confined_file(workspace, PurePosixPath(path)) as opened:
             target, info = opened.target.as_posix(), opened.info
             if target != path and target in listed:
                 return None, Omitted(path, f"symbolic link to {target}")
+            if target != path and protected:
+                real = Path(os.path.realpath(workspace)) / opened.target
+                if leads_into(real, protected):
+                    return None, Omitted(path, PROTECTED_LINK)
             if info.st_size > max_bytes:
                 return None, Omitted(path, f"too large ({info.st_size:,} bytes)")
             data = opened.file.read(max_bytes + 1)  # the file may have grown since fstat
@@ -181,21 +196,26 @@ def read_candidate(
 
 
 def select_files(
-    workspace: Path, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    workspace: Path,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    protected: Iterable[Path] | None = None,
 ) -> tuple[list[RepoFile], list[Omitted]]:
-    """The files for the snapshot, sorted by path, and what was left out and why."""
+    """The files for the snapshot, sorted by path, and what was left out and why.
+    `protected`: the folders left out by real path (tools.workspace.walk.left_out; None:
+    the user's Resident folders as this process places them)."""
+    folders = left_out(workspace, protected)
     rules = exclusion_rules(workspace)
     files: list[RepoFile] = []
     omitted: list[Omitted] = []
     candidates = []
-    for path in sorted(visible_files(workspace, workspace)):
+    for path in sorted(visible_files(workspace, workspace, folders)):
         if rules.is_ignored(path):
             omitted.append(Omitted(path, "excluded by rule"))
         else:
             candidates.append(path)
     listed = set(candidates)
     for path in candidates:
-        entry, why = read_candidate(workspace, path, max_file_bytes, listed)
+        entry, why = read_candidate(workspace, path, max_file_bytes, listed, folders)
         if entry is not None:
             files.append(entry)
         elif why is not None:

@@ -19,7 +19,7 @@ budget. After a map, a snapshot is taken as the first one is.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from html import escape
 from pathlib import Path
@@ -76,6 +76,7 @@ def take_snapshot(
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     previous: Snapshot | None = None,
     max_superseded: float | None = DEFAULT_SUPERSEDED_FRACTION,
+    protected: Iterable[Path] | None = None,
 ) -> Snapshot:
     """The whole repository when it fits `budget` tokens, else a ranked map.
 
@@ -83,8 +84,9 @@ def take_snapshot(
     changes appended while the superseded copies stay within `max_superseded`
     of the current files' bytes (None: never) and the changes do not all sit
     at its tail; otherwise it is rendered again with the unchanged files in
-    place (ordering.py)."""
-    files, omitted = select_files(workspace, max_file_bytes)
+    place (ordering.py). `protected`: folders never shown, by real path (select_files;
+    None: the user's Resident folders as this process places them)."""
+    files, omitted = select_files(workspace, max_file_bytes, protected)
     root_name = workspace.name
     total_bytes = sum(f.size for f in files)
     if total_bytes <= budget * MAX_BYTES_PER_TOKEN:

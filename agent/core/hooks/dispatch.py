@@ -36,6 +36,7 @@ from agent.core.hooks.active import Notice
 from agent.core.hooks.config import TOOL_EVENTS, Hook
 from agent.core.hooks.runner import Confinement, HookResult, run_hook
 from agent.core.hooks.scripts import ScriptGuard
+from agent.core.valid_unicode import json_text
 from tools import ApprovalMode, ToolResult
 from tools.sandbox.bubblewrap import Sandbox, SandboxGrant, SandboxSettings
 
@@ -289,7 +290,8 @@ class Hooks:
             "approval": mode.value,
             **data,
         }
-        stdin = (json.dumps(payload, ensure_ascii=False, default=str) + "\n").encode()
+        # valid Unicode whatever the payload holds (a file name that is not UTF-8, say)
+        stdin = (json_text(payload, default=str) + "\n").encode()
         variables = {
             "RESIDENT_HOOK_EVENT": event,
             "RESIDENT_SESSION_ID": self.session_id,

@@ -17,6 +17,7 @@ from typing import Any
 
 import mcp_types as types
 
+from agent.core.valid_unicode import valid_text
 from tools.base import ToolResult
 from tools.process.output_cap import HeadTailBuffer
 
@@ -68,7 +69,7 @@ def convert(result: types.CallToolResult, output_limit: int) -> ToolResult:
         parts = [json.dumps(result.structured_content, ensure_ascii=False, indent=1)]
     text = "\n".join(parts) if parts else NO_OUTPUT
     buffer = HeadTailBuffer(output_limit)
-    buffer.feed(text.encode("utf-8"))
+    buffer.feed(valid_text(text).encode("utf-8"))  # a lone surrogate: U+FFFD
     output = buffer.render()
     data: dict[str, Any] = {"mcp": True}
     if kinds:
