@@ -36,6 +36,8 @@ from engine.requests.pacing import OutputPacer
 from engine.requests.params import SamplingParams
 
 log = logging.getLogger(__name__)
+# How long the stats of a failed engine wait for its thread (AsyncEngine.stats).
+FAILED_STATS_WAIT_S = 2.0
 
 
 def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
@@ -241,7 +243,21 @@ class AsyncEngine:
         await self.call(lambda: self.engine.abort(request_id))
 
     async def stats(self) -> dict:
-        stats = await self._submit(self.engine.stats)  # also after a failure: ranks_alive
+        """The engine's stats, also after a failure (ranks_alive). A failed engine's thread
+        may sit in a step on a dead rank until the transport gives up: after
+        FAILED_STATS_WAIT_S the answer is what needs no engine thread (the failure and
+        the ranks), not a hang."""
+        stats_call = self._submit(self.engine.stats)
+        if self.engine.failure is None:
+            stats = await stats_call
+        else:
+            try:
+                stats = await asyncio.wait_for(stats_call, FAILED_STATS_WAIT_S)
+            except TimeoutError:
+                stats = {
+                    "failure": self.engine.failure,
+                    "parallel": self.engine.executor.describe(),
+                }
         return {**stats, "stream_interval_ms": self._pacer.interval * 1000}
 
     async def pin_prefix(self, token_ids: list[int], cache_salt: str = "") -> Any:

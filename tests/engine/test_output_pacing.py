@@ -191,3 +191,27 @@ def test_tokens_held_when_a_step_fails_reach_the_reader_before_the_error(tiny_ll
     assert sum((o.outputs[0].delta_token_ids for o in received), []) == (
         received[-1].outputs[0].token_ids
     )
+
+
+def test_stats_of_a_failed_engine_do_not_wait_for_a_blocked_step(tiny_llama_dir):
+    """After a rank died, the engine thread may sit in a step on it until the transport
+    gives up: /v1/engine/stats answers from the failure and the ranks meanwhile."""
+    import threading
+    import time
+
+    from engine.async_engine import FAILED_STATS_WAIT_S, AsyncEngine
+    from engine.config import EngineConfig
+
+    engine = AsyncEngine(EngineConfig(model=str(tiny_llama_dir), kv_cache_dtype="bf16"))
+    release = threading.Event()
+    engine.engine.stats = lambda: release.wait(30) and {}  # the thread is held
+    engine.engine.executor.failure = "rank 1 (pid 1) was killed by SIGKILL"
+    try:
+        start = time.monotonic()
+        stats = asyncio.run(engine.stats())
+        waited = time.monotonic() - start
+    finally:
+        release.set()
+        engine.shutdown()
+    assert stats["failure"].startswith("rank 1") and stats["parallel"]["ranks_alive"] == 1
+    assert FAILED_STATS_WAIT_S <= waited < FAILED_STATS_WAIT_S + 20  # not the held 30 s
