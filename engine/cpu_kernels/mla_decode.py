@@ -96,6 +96,38 @@ def supports(
     )
 
 
+def _query_args(q_nope: torch.Tensor, q_rope: torch.Tensor) -> tuple:
+    """The queries as both C entries take them: pointers, strides (b, h), bf16 or not."""
+    return (
+        q_nope.data_ptr(),
+        q_rope.data_ptr(),
+        q_nope.stride(0),
+        q_nope.stride(1),
+        q_rope.stride(0),
+        q_rope.stride(1),
+        int(q_nope.dtype == torch.bfloat16),
+    )
+
+
+def _rows_and_shapes(storage, context_slots, context_lens, shape: tuple) -> tuple:
+    """The layer's rows and the contexts, then B, L, H, nope, rope, v, r, as both C entries
+    take them; shape: (B, H, nope, rope, v, r)."""
+    batch, heads, nope, rope, v_dim, lora_rank = shape
+    return (
+        storage.data_ptr(),
+        KV_KINDS[storage.dtype],
+        context_slots.data_ptr(),
+        context_lens.data_ptr(),
+        batch,
+        context_slots.shape[1],
+        heads,
+        nope,
+        rope,
+        v_dim,
+        lora_rank,
+    )
+
+
 def _check_context(context_slots: torch.Tensor, context_lens: torch.Tensor, batch: int) -> None:
     if (
         context_slots.dtype != torch.int64
@@ -148,28 +180,12 @@ def mla_decode(
     _check_context(context_slots, context_lens, batch)
     out = torch.empty(batch, heads, v_dim, dtype=q_nope.dtype)
     status = library().mla_decode(
-        q_nope.data_ptr(),
-        q_rope.data_ptr(),
-        q_nope.stride(0),
-        q_nope.stride(1),
-        q_rope.stride(0),
-        q_rope.stride(1),
-        int(q_nope.dtype == torch.bfloat16),
+        *_query_args(q_nope, q_rope),
         kv_b_weight.data_ptr(),
-        storage.data_ptr(),
-        KV_KINDS[storage.dtype],
-        context_slots.data_ptr(),
-        context_lens.data_ptr(),
-        batch,
-        context_slots.shape[1],
-        heads,
-        nope,
-        rope,
-        v_dim,
-        lora_rank,
-        float(latent_factor),
-        float(rope_factor),
-        float(softmax_scale),
+        *_rows_and_shapes(
+            storage, context_slots, context_lens, (batch, heads, nope, rope, v_dim, lora_rank)
+        ),
+        *(float(latent_factor), float(rope_factor), float(softmax_scale)),
         out.data_ptr(),
         torch.get_num_threads(),
     )
@@ -216,13 +232,7 @@ def mla_decode_grid(
     gain = None if grid.gain is None else grid.gain.float().contiguous()
     out = torch.empty(batch, heads, v_dim, dtype=q_nope.dtype)
     status = library().mla_decode_grid(
-        q_nope.data_ptr(),
-        q_rope.data_ptr(),
-        q_nope.stride(0),
-        q_nope.stride(1),
-        q_rope.stride(0),
-        q_rope.stride(1),
-        int(q_nope.dtype == torch.bfloat16),
+        *_query_args(q_nope, q_rope),
         grid.k_b.codes.data_ptr(),
         grid.k_b.scales.data_ptr(),
         int(grid.k_b.format),
@@ -231,20 +241,10 @@ def mla_decode_grid(
         int(grid.v_b.format),
         None if gain is None else gain.data_ptr(),
         grid.block,
-        storage.data_ptr(),
-        KV_KINDS[storage.dtype],
-        context_slots.data_ptr(),
-        context_lens.data_ptr(),
-        batch,
-        context_slots.shape[1],
-        heads,
-        nope,
-        rope,
-        v_dim,
-        lora_rank,
-        float(latent_factor),
-        float(rope_factor),
-        float(softmax_scale),
+        *_rows_and_shapes(
+            storage, context_slots, context_lens, (batch, heads, nope, rope, v_dim, lora_rank)
+        ),
+        *(float(latent_factor), float(rope_factor), float(softmax_scale)),
         out.data_ptr(),
         torch.get_num_threads(),
     )
