@@ -28,7 +28,7 @@ from agent.core.events import (
     HookRun,
     McpServer,
     PlanProposed,
-    ReasoningDelta,
+    ReasoningDeltaEvent,
     SessionStarted,
     SubagentCompleted,
     SubagentEvent,
@@ -137,7 +137,7 @@ class ProgressPrinter:
             )
         elif isinstance(event, TextDelta):
             self._stream(event.text)
-        elif isinstance(event, ReasoningDelta) and self.show_reasoning:
+        elif isinstance(event, ReasoningDeltaEvent) and self.show_reasoning:
             self._stream(event.text)
         elif isinstance(event, ToolCallEvent):
             self._line(f"→ {event.name}({_arguments(event.arguments)})")

@@ -38,6 +38,7 @@ from agent.core.loop import TaskOutcome
 from agent.core.plan_mode import PLAN_CHOICES, PlanChoice, proceed
 from agent.core.runtime import Runtime, RuntimeOptions, UnknownToolError, open_runtime
 from agent.core.session import SessionNotFound
+from agent.core.settings_report import session_settings
 from agent.core.tool_runner import ApprovalAnswer, ApprovalRequest
 from agent.event_printers import ProgressPrinter
 from agent.exit_codes import EXIT_INTERRUPTED, EXIT_USAGE, error_exit_code
@@ -65,6 +66,7 @@ Each line is a message to the agent, in one continuing session.
   /plan      plan mode: the agent explores read-only and proposes a plan to approve;
              `/plan TASK` plans TASK right away
   /mcp       MCP servers: their state and tools
+  /settings  the session's settings, and the engine settings the agent chooses
   /quit      leave (also Ctrl-D, or Ctrl-C twice at the prompt)
 Ctrl-C while the agent works stops generation and any running command; a
 second Ctrl-C stops at once. Approvals: y allows the call once, a allows the
@@ -229,6 +231,10 @@ class Repl:
             task = line.split(maxsplit=1)[1:]
             if task:
                 self._task(task[0].strip())
+        elif name == "/settings":
+            assert self.runtime is not None
+            lines = self._work(session_settings(self.runtime, self.options), interruptible=False)
+            self.say("\n".join(lines or []))
         elif name == "/mcp":
             assert self.runtime is not None
             for text in mcp_report(self.runtime):

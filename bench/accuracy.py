@@ -8,7 +8,7 @@ random checkpoints).
 import json
 import sys
 
-from engine.benchmarks.accuracy import run_accuracy
+from engine.devtools.benchmarks.accuracy import run_accuracy
 
 if __name__ == "__main__":
     model = sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m-instruct"

@@ -24,8 +24,8 @@ from agent.core.clients import ChatRequest
 from agent.core.clients.base import Completion
 from agent.core.clients.local import LocalClient
 from engine import LLM, SamplingParams
-from engine.benchmarks.serving_paths import machine
-from engine.benchmarks.throughput import PROMPTS
+from engine.devtools.benchmarks.serving_paths import machine
+from engine.devtools.benchmarks.throughput import PROMPTS
 from engine.rendering import ChatRenderer
 
 AGENT_ENGINE = {"speculative": "prompt_lookup"}  # what start_engine adds to decode

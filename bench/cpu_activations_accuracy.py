@@ -19,7 +19,7 @@ import json
 import torch
 
 from engine import LLM
-from engine.benchmarks.accuracy import prose_text, python_text, score_window
+from engine.devtools.benchmarks.accuracy import prose_text, python_text, score_window
 from engine.model_files.store import default_model_dir
 
 VARIANTS = {

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import LLM
-from engine.benchmarks.accuracy import python_text, score_window
+from engine.devtools.benchmarks.accuracy import python_text, score_window
 from engine.model_files.store import default_model_dir
 from engine.weights.grid_rounding import GRIDS
 

@@ -117,10 +117,10 @@ def _gqa_case(cfg, device, exact_casts, kind, qlens, lens, hq, hkv, dim, kv) -> 
 
 def _fp8_dot_check(args, meta, lens) -> dict:
     """FP8 decode on e4m3 tensor cores (the default where the GPU has them) within the
-    bound engine.testing.fp8_decode_bound derives, row by row."""
+    bound engine.devtools.testing.fp8_decode_bound derives, row by row."""
     from engine.attention.triton.common import choose_fp8_dot
     from engine.attention.triton.decode import gqa_decode
-    from engine.testing.fp8_decode_bound import (
+    from engine.devtools.testing.fp8_decode_bound import (
         BF16_OUTPUT_ROUNDING,
         excess_over_bound,
         gqa_reference_and_bound,
@@ -197,10 +197,10 @@ def _mla_case(cfg, device, exact_casts, heads, kv) -> dict:
 
 def _mla_fp8_dot_check(pool, meta, lens, heads, lora, rope) -> dict:
     """MLA decode on e4m3 tensor cores (the default where the GPU has them) over the
-    stored rows, within engine.testing.fp8_decode_bound's bound, row by row."""
+    stored rows, within engine.devtools.testing.fp8_decode_bound's bound, row by row."""
     from engine.attention.triton.common import choose_fp8_dot, step_tables
     from engine.attention.triton.mla_decode import mla_decode
-    from engine.testing.fp8_decode_bound import (
+    from engine.devtools.testing.fp8_decode_bound import (
         BF16_OUTPUT_ROUNDING,
         excess_over_bound,
         mla_reference_and_bound,

@@ -51,8 +51,8 @@ SIZES = {
 
 def build_model(family: str, folder: Path, size: dict, max_positions: int) -> Path:
     """A random checkpoint (transformers' classes, the engine's tokenizer fixtures), BF16."""
-    from engine.testing.checkpoints import DEEPSEEK_V3, GLM4_MOE, save_model
-    from engine.testing.tokenizers import (
+    from engine.devtools.testing.checkpoints import DEEPSEEK_V3, GLM4_MOE, save_model
+    from engine.devtools.testing.tokenizers import (
         GLM_VOCAB_SIZE,
         KIMI_VOCAB_SIZE,
         save_glm_tokenizer,

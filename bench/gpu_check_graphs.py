@@ -7,7 +7,7 @@ On a tiny random Llama (built here, FP8 and BF16 KV, Triton attention):
    must be equal (the same kernels and split grids; a tolerance of 1e-5
    allows float32 rounding), and a second replay after the inputs change
    must again equal eager;
-2. engine.testing.decode_traffic's traffic (mixed steps, a prefix hit,
+2. engine.devtools.testing.decode_traffic's traffic (mixed steps, a prefix hit,
    preemption, speculative drafts) with graphs on and off: every request's
    tokens equal, and graphs actually replayed.
 
@@ -41,7 +41,7 @@ def _graphs_of(llm):
     """The engine's graphs; on CPU (a rehearsal) the same fixed buffers without capture."""
     runner = llm.engine.runner
     if runner.graphs is None and runner.device.type == "cpu":
-        from engine.testing.decode_traffic import on_fixed_buffers
+        from engine.devtools.testing.decode_traffic import on_fixed_buffers
 
         return on_fixed_buffers(llm)
     return runner.graphs
@@ -49,7 +49,7 @@ def _graphs_of(llm):
 
 def _step_check(path: Path, kv: str) -> dict:
     from engine import LLM
-    from engine.testing.decode_traffic import PROMPTS
+    from engine.devtools.testing.decode_traffic import PROMPTS
 
     llm = LLM(
         str(path), dtype="float32", kv_cache_dtype=kv, attention_backend="triton", max_num_seqs=4
@@ -80,7 +80,7 @@ def _step_check(path: Path, kv: str) -> dict:
 
 
 def _traffic_check(path: Path) -> dict:
-    from engine.testing.decode_traffic import run_traffic, traffic_llm
+    from engine.devtools.testing.decode_traffic import run_traffic, traffic_llm
 
     eager = run_traffic(traffic_llm(path, attention_backend="triton", cuda_graphs=False))
     llm = traffic_llm(path, attention_backend="triton")
@@ -101,7 +101,7 @@ def _traffic_check(path: Path) -> dict:
 def run_graph_checks(device: torch.device, rehearse: bool = False) -> dict:
     if device.type != "cuda" and not rehearse:
         return {"ok": True, "checks": [], "note": "no GPU: nothing to capture"}
-    from engine.testing.checkpoints import tiny_llama
+    from engine.devtools.testing.checkpoints import tiny_llama
 
     checks = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -4,11 +4,12 @@ Parts run in this order, each in `run_part`: whatever one does (an exception,
 a CUDA error, a test run that fails) is written into its own entry and the
 next part runs; a part that would start after the budget is marked skipped.
 
-1. compile:     `python -m engine.kernel_check --gpu h200` (subprocess), as in `make test`
+1. compile:     `python -m engine.devtools.kernel_check --gpu h200` (subprocess), as in `make test`
 2. tests:       pytest on tests/engine/triton and tests/engine/gpu_kernels, compiled on CUDA
                 (the GPU-only bit-exact tests included; needs `pip install -e '.[test]'`)
 3. correctness: the attention kernels against the torch backend (gpu_check_correctness)
 4. decode:      device copy bandwidth, then GQA and MLA decode at 32k, batch 1/16/64
+                (gpu_check_decode)
 5. quant:       W4A16, FP8-block and the fused MoE (gpu_check_quant, fewer timing iterations)
 5b. layer_ops:  the norm, SwiGLU and rotary kernels against TorchLayerOps (gpu_check_layer_ops)
 6. e2e:         decode tokens/s of the mid-size GLM-MoE and Kimi models, FP8 and BF16 KV
@@ -18,8 +19,9 @@ next part runs; a part that would start after the budget is marked skipped.
 8. graphs:      CUDA-graph decode against eager on a tiny Llama: one step's logits, and
                 tokens under traffic (gpu_check_graphs), if time is left
 
-`verdicts` turns the results into one row per target of the GPU-speed issue
-(issue 28) and per correctness part: met, not met, or not measured (with why).
+`verdicts` (gpu_check_verdicts, which holds the targets) turns the results into
+one row per target of the GPU-speed issue (issue 28) and per correctness part:
+met, not met, or not measured (with why).
 """
 
 from __future__ import annotations
@@ -46,21 +48,6 @@ QUICK = dict(
     e2e_batch=32, e2e_prompt=2048, e2e_tokens=32,
     e2e_runs=[("triton", "fp8_e4m3", False), ("triton", "fp8_e4m3", True), ("triton", "bf16", True)],
 )  # fmt: skip
-# Issue 28's targets, as (name, threshold); the check functions below read them.
-TARGETS = {
-    "gqa_speedup_b16": 1.7,  # FP8 / BF16 decode time at 32k, batch >= 16
-    "gqa_copy_b16": 0.75,  # FP8 bytes/s as a share of copy, batch >= 16
-    "gqa_copy_b1": 0.50,
-    "mla_copy_b16": 0.65,
-    "mla_speedup_b16": 1.6,
-    "w4a16_copy_m16": 0.60,  # weight bytes/s at M <= 16, share of copy
-    "w4a16_vs_bf16_m2048": 1.5,  # at most this many times torch BF16's time
-    "fp8_vs_scaled_mm_m64": 0.9,  # speed relative to torch._scaled_mm rowwise
-    "fp8_vs_scaled_mm_m2048": 0.7,
-    "moe_int4_vs_bf16_t64": 1.0,  # at most the fused BF16 MoE's time
-    "e2e_glm_tok_s": 5000.0,
-    "gpu_busy": 0.85,
-}
 
 
 def run_part(result: dict, name: str, fn, deadline: float) -> None:
@@ -97,7 +84,7 @@ def _outcome(done: subprocess.CompletedProcess) -> dict:
 
 
 def compile_part(deadline: float, out: Path) -> dict:
-    args = ["-m", "engine.kernel_check", "--gpu", "h200", "--quiet", "--json", str(out)]
+    args = ["-m", "engine.devtools.kernel_check", "--gpu", "h200", "--quiet", "--json", str(out)]
     return _outcome(_subprocess(args, min(COMPILE_CAP_S, deadline - time.monotonic())))
 
 
@@ -155,7 +142,7 @@ def profile_part(device) -> dict:
 def run_quick(out: str) -> int:
     import torch
 
-    from bench import gpu_check
+    from bench import gpu_check_decode as decode
 
     if not torch.cuda.is_available():
         print("--quick is the H200 run and needs a CUDA GPU; on CPU use --smoke", file=sys.stderr)
@@ -167,14 +154,14 @@ def run_quick(out: str) -> int:
     result: dict = {"mode": "quick", "budget_s": BUDGET_S, "env": _env(device)}
 
     def timed(fn, iters: int, warmup: int) -> float:
-        return gpu_check.timed_ms(fn, device, iters, warmup, flush)
+        return decode.timed_ms(fn, device, iters, warmup, flush)
 
     table_json = Path(out).with_name("kernel_check.json")
     run_part(result, "compile", lambda: compile_part(deadline, table_json), deadline)
     run_part(result, "tests", lambda: tests_part(deadline), deadline)
     run_part(result, "correctness", lambda: _correctness(device), deadline)
-    run_part(result, "copy_gbs", lambda: gpu_check.copy_bandwidth(QUICK, device), deadline)
-    run_part(result, "decode", lambda: gpu_check.decode_timings(QUICK, device, flush), deadline)
+    run_part(result, "copy_gbs", lambda: decode.copy_bandwidth(QUICK, device), deadline)
+    run_part(result, "decode", lambda: decode.decode_timings(QUICK, device, flush), deadline)
     run_part(result, "quant", lambda: _quant(device, timed), deadline)
     run_part(result, "layer_ops", lambda: _layer_ops(device, timed), deadline)
     from bench.gpu_check_e2e import run_e2e

@@ -20,7 +20,7 @@ import math
 import torch
 
 from engine import LLM, SamplingParams
-from engine.benchmarks.accuracy import _windows, python_text, score_window
+from engine.devtools.benchmarks.accuracy import _windows, python_text, score_window
 from engine.kv.calibration import calibrate_without_fixed_scales
 
 MODEL = "smollm2-135m-instruct"

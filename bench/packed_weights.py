@@ -4,7 +4,7 @@
     python bench/packed_weights.py --quick         # the test suite's tiny sizes, a smoke run
     python bench/packed_weights.py --dir /tmp/ck   # keep (and reuse) the generated checkpoints
 
-For each generated checkpoint (engine/testing writes Kimi K2's and GLM-4.5's
+For each generated checkpoint (engine/devtools/testing writes Kimi K2's and GLM-4.5's
 real FP8-block and INT4-experts layouts) the engine is loaded twice in one
 process, `LLM(path, dtype="bfloat16", quantized_weights="packed")` and
 `"dequantized"`, and reports:
@@ -75,8 +75,8 @@ QUANTIZED_SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_s
 
 def make(family: str, quantization: str, folder: Path, quick: bool) -> Path:
     """The checkpoint (reused when `folder` holds it already)."""
-    import engine.testing.quantized as quantized
-    from engine.testing.checkpoints import make_checkpoint
+    import engine.devtools.testing.quantized as quantized
+    from engine.devtools.testing.checkpoints import make_checkpoint
     from engine.weights.int4_packed import pack_int4
 
     path = folder / f"{family}-{quantization}" / "model"

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from tools import ToolContext, default_registry
-from tools.sandbox.bubblewrap import READ_ONLY, SandboxGrant, SandboxUnavailable, detect_sandbox
+from tools.sandbox.bubblewrap import SandboxUnavailable, detect_sandbox
+from tools.sandbox.grants import READ_ONLY, SandboxGrant
 from tools.sandbox.mounts import secret_files
 
 COMMANDS = {"true": "true", "cat": "cat README.md > /dev/null", "git_status": "git status --short"}

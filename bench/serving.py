@@ -9,8 +9,8 @@ python bench/serving.py all
 import json
 import sys
 
-from engine.benchmarks.kv_budget import run_kv_budget
-from engine.benchmarks.serving import run_concurrency, run_prefix
+from engine.devtools.benchmarks.kv_budget import run_kv_budget
+from engine.devtools.benchmarks.serving import run_concurrency, run_prefix
 
 BENCHMARKS = {"prefix": run_prefix, "concurrency": run_concurrency, "kv-budget": run_kv_budget}
 

@@ -3,7 +3,7 @@
 import json
 import sys
 
-from engine.benchmarks.throughput import run_throughput
+from engine.devtools.benchmarks.throughput import run_throughput
 
 if __name__ == "__main__":
     model = sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m-instruct"

@@ -41,7 +41,7 @@ def main() -> None:
         torch.randint(10, 300, (64,), generator=generator).tolist() for _ in range(args.batch)
     ]
     with tempfile.TemporaryDirectory() as scratch:
-        from engine.testing.wide_checkpoint import write_wide_llama
+        from engine.devtools.testing.wide_checkpoint import write_wide_llama
 
         path = write_wide_llama(Path(scratch) / "wide", layers=args.layers, vocab=8192)
         rows, baseline = [], None

@@ -1,7 +1,7 @@
 """Peak host memory of each rank while it loads its shard, against its final weights.
 
 Writes a wide Llama checkpoint (bfloat16, 64 narrow layers, about 1.5 GB,
-sharded like a release; engine/testing/wide_checkpoint.py) unless given
+sharded like a release; engine/devtools/testing/wide_checkpoint.py) unless given
 one, then loads it with tensor parallelism 1 and 2 (gloo ranks on this
 CPU). Each rank samples its own memory every 2 ms from /proc/self/status
 while `load_model` runs: anonymous memory (what the process allocated) and
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine.testing.parallel_runs import run_on_ranks  # noqa: E402
+from engine.devtools.testing.parallel_runs import run_on_ranks  # noqa: E402
 
 
 def _status_kib(field: str) -> int:
@@ -106,7 +106,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = args.dir
         if model_dir is None:
-            from engine.testing.wide_checkpoint import write_wide_llama
+            from engine.devtools.testing.wide_checkpoint import write_wide_llama
 
             model_dir = str(write_wide_llama(Path(scratch) / "wide"))
         files = list(Path(model_dir).glob("*.safetensors"))

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tools.context import ToolContext
-from tools.sandbox.bubblewrap import READ_ONLY, SandboxGrant
+from tools.sandbox.grants import READ_ONLY, SandboxGrant
 from tools.schema import (
     ArgumentShapeError,
     check_argument_shape,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tools.files.state import FileStateLedger
-from tools.sandbox.bubblewrap import Sandbox, SandboxSettings
+from tools.sandbox.grants import CommandSandbox, SandboxSettings
 from tools.workspace.protected import StateDir, find_state_dirs
 
 
@@ -84,7 +84,7 @@ class ToolContext:
     cancel_event: threading.Event = field(default_factory=threading.Event)
     env: Mapping[str, str] | None = None
     use_ripgrep: bool = True
-    sandbox: Sandbox | None = None
+    sandbox: CommandSandbox | None = None
     sandbox_settings: SandboxSettings = field(default_factory=SandboxSettings)
     file_access: FileAccess | None = None
     state_dirs: tuple[StateDir, ...] | None = None

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from agent.core.clients import ChatRequest, LLMClient, StreamItem, start_local_client
-from agent.core.runtime import DEFAULT_MODEL, RuntimeOptions
+from agent.core.runtime import RuntimeOptions
 
 
 class SharedClient(LLMClient):
@@ -52,7 +52,7 @@ class Engines:
         if self.options.attach:
             return None
         if self._local is None or _failed(self._local):  # a failed load is tried again
-            model = self.options.model or DEFAULT_MODEL
+            model = self.options.model  # None: the engine's default model
             self._local = asyncio.ensure_future(asyncio.to_thread(start_local_client, model))
         # shield: a cancelled session/new must not cancel the load other sessions wait for
         return SharedClient(await asyncio.shield(self._local))

@@ -50,7 +50,7 @@ from agent.core.events import (
     ErrorEvent,
     Event,
     PlanProposed,
-    ReasoningDelta,
+    ReasoningDeltaEvent,
     SubagentEvent,
     TextDelta,
     TodoUpdated,
@@ -118,7 +118,7 @@ class UpdateTranslator:
     def __call__(self, event: Event) -> list[SessionUpdate]:
         if isinstance(event, TextDelta):
             return [update_agent_message_text(event.text)] if event.text else []
-        if isinstance(event, ReasoningDelta):
+        if isinstance(event, ReasoningDeltaEvent):
             return [update_agent_thought_text(event.text)] if event.text else []
         if isinstance(event, UserMessage):
             return [update_user_message_text(event.text)] if self.replay else []

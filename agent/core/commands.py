@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from agent.core.config import setting_choices
 from agent.core.events import EventSink, SessionCompleted
 from agent.core.loop import Agent
 from agent.core.mcp.report import status_lines
@@ -37,13 +38,16 @@ SLASH_COMMANDS: tuple[SlashCommand, ...] = (
     SlashCommand("/sessions", "", "this repository's sessions; pick one to resume"),
     SlashCommand("/approval", "[MODE]", "show or set the approval mode"),
     SlashCommand(
+        "/settings", "", "the session's settings, and the engine settings the agent chooses"
+    ),
+    SlashCommand(
         "/plan", "[TASK]", "plan mode: explore read-only, propose a plan; with TASK, plan it"
     ),
     SlashCommand("/mcp", "", "MCP servers: their state and tools"),
     SlashCommand("/quit", "", "leave"),
 )
-# `/approval`'s choices (its help and completion): the modes' own ids, never a copy.
-APPROVAL_MODES: tuple[str, ...] = ApprovalMode.ids()
+# `/approval`'s choices (its help and completion): the declared setting's, never a copy.
+APPROVAL_MODES: tuple[str, ...] = setting_choices("approval") or ()
 
 
 def find_command(name: str) -> SlashCommand | None:

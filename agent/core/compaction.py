@@ -10,7 +10,7 @@ conversation appear as they are now.
 from __future__ import annotations
 
 import prompts
-from agent.core.clients import ChatRequest, LLMClient, TextChunk, valid_stream
+from agent.core.clients import ChatRequest, ContentDelta, LLMClient, valid_stream
 from agent.core.context import ResidentContext
 from agent.core.conversation import Conversation, Message
 
@@ -33,7 +33,7 @@ def compaction_request(context: ResidentContext, messages: list[Message]) -> Cha
 async def write_summary(client: LLMClient, request: ChatRequest) -> str:
     pieces = []
     async for item in valid_stream(client.stream(request)):
-        if isinstance(item, TextChunk):
+        if isinstance(item, ContentDelta):
             pieces.append(item.text)
     summary = "".join(pieces).strip()
     if not summary:

@@ -1,4 +1,4 @@
-"""What an interactive front end shows about the engine: where it runs and its KV cache.
+"""What an interactive front end shows about the engine: where it runs, its KV cache, its settings.
 
 Attached, the server's `/v1/engine/stats` (DESIGN.md §2) says it; servers
 that do not publish it (vLLM, SGLang) leave the KV dtype unknown. Local, the
@@ -26,6 +26,8 @@ class EngineFacts:
     kv_cache_dtype: str | None = None  # None: the server does not say
     capacity_tokens: int | None = None
     cache_hit_rate: float | None = None
+    # The engine settings in force (a Resident engine's EngineConfig); None: not published.
+    settings: dict[str, Any] | None = None
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -52,7 +54,11 @@ async def _local_stats(client: LLMClient) -> dict[str, Any] | None:
     if engine is None:
         return None
     stats = await engine.stats()
-    return stats if isinstance(stats, dict) else None
+    if not isinstance(stats, dict):
+        return None
+    # What a server's /v1/engine/stats adds: the settings the engine runs with.
+    settings = getattr(client, "engine_settings", None)
+    return {**stats, "settings": settings()} if callable(settings) else stats
 
 
 def _number(value: Any, kind: type) -> Any:
@@ -77,6 +83,7 @@ async def engine_facts(client: LLMClient, api_key: str | None = None) -> EngineF
         kv_cache_dtype=str(dtype) if dtype else None,
         capacity_tokens=_number(stats.get("capacity_tokens"), int),
         cache_hit_rate=_number(stats.get("cache_hit_rate"), float),
+        settings=settings if isinstance(settings := stats.get("settings"), dict) else None,
     )
 
 

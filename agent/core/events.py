@@ -52,12 +52,23 @@ class TurnStarted(Event):
     turn: int  # counts model requests within the task, from 1
 
 
+# The model's streamed output as events: text_delta, reasoning_delta, tool_call (and
+# error of kind tool_call). Each comes from one word of the engine's vocabulary for
+# streamed output; agent/core/clients/base.py holds the whole mapping. A class that
+# would share that vocabulary's name ends in Event (ReasoningDeltaEvent), as
+# ToolCallEvent and ToolResultEvent do beside tools' own classes.
+
+
 class TextDelta(Event):
+    """Answer text (the engine's ContentDelta)."""
+
     type: Literal["text_delta"] = "text_delta"
     text: str
 
 
-class ReasoningDelta(Event):
+class ReasoningDeltaEvent(Event):
+    """Thinking text (the engine's ReasoningDelta)."""
+
     type: Literal["reasoning_delta"] = "reasoning_delta"
     text: str
 
@@ -237,7 +248,7 @@ AnyEvent = Annotated[
     | UserMessage
     | TurnStarted
     | TextDelta
-    | ReasoningDelta
+    | ReasoningDeltaEvent
     | ToolCallEvent
     | ApprovalRequested
     | ApprovalResolved

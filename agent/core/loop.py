@@ -26,15 +26,16 @@ import prompts
 from agent.core.clients import (
     ClientError,
     Completion,
+    ContentDelta,
     ContextOverflowError,
     LLMClient,
-    ReasoningChunk,
-    TextChunk,
-    ToolCallChunk,
-    ToolCallProblem,
+    ReasoningDelta,
+    ToolCall,
+    ToolCallError,
     valid_stream,
 )
 from agent.core.compaction import CompactionFailed, compact
+from agent.core.config import DEFAULTS
 from agent.core.context import ResidentContext, Snapshot
 from agent.core.conversation import Conversation, Message
 from agent.core.events import (
@@ -43,7 +44,7 @@ from agent.core.events import (
     ErrorEvent,
     EventEmitter,
     PlanProposed,
-    ReasoningDelta,
+    ReasoningDeltaEvent,
     TextDelta,
     ToolCallEvent,
     TurnCompleted,
@@ -61,8 +62,8 @@ from tools import ApprovalMode, RestoreReport
 
 @dataclass(frozen=True)
 class AgentSettings:
-    max_turns: int = 50
-    max_tokens: int | None = None  # per answer; None: what the window leaves
+    max_turns: int = DEFAULTS.max_turns  # declared in AgentConfig (agent/core/config.py)
+    max_tokens: int | None = DEFAULTS.max_tokens  # per answer; None: what the window leaves
     temperature: float | None = None  # None: the server's default (greedy locally)
 
 
@@ -80,7 +81,7 @@ class TaskOutcome:
 @dataclass
 class _Answer:
     text: list[str] = field(default_factory=list)
-    calls: list[ToolCallChunk] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     completion: Completion | None = None
     interrupted: bool = False
@@ -311,7 +312,10 @@ class Agent:
                 {
                     "id": call.id,
                     "type": "function",
-                    "function": {"name": call.name, "arguments": history_arguments(call.arguments)},
+                    "function": {
+                        "name": call.name,
+                        "arguments": history_arguments(call.arguments_json),
+                    },
                 }
                 for call in answer.calls
             ],
@@ -322,7 +326,7 @@ class Agent:
         for group in self._call_groups(answer.calls):
             for chunk in group:
                 self.emitter.emit(
-                    ToolCallEvent(id=chunk.id, name=chunk.name, arguments=chunk.arguments)
+                    ToolCallEvent(id=chunk.id, name=chunk.name, arguments=chunk.arguments_json)
                 )
             if stop_why is None and self._interrupted.is_set():
                 stop_why = "the user interrupted the task"
@@ -347,10 +351,10 @@ class Agent:
             return TaskOutcome("Interrupted.", "interrupted")
         return None
 
-    def _call_groups(self, calls: list[ToolCallChunk]) -> list[list[ToolCallChunk]]:
+    def _call_groups(self, calls: list[ToolCall]) -> list[list[ToolCall]]:
         """The calls in order, neighbours that may run at the same time grouped
         (read-only subagents: one engine batch); every other call alone."""
-        groups: list[list[ToolCallChunk]] = []
+        groups: list[list[ToolCall]] = []
         for chunk in calls:
             together = self.tools.runs_concurrently(chunk)
             if together and groups and self.tools.runs_concurrently(groups[-1][-1]):
@@ -375,7 +379,7 @@ class Agent:
 
     # -- generation ------------------------------------------------------------------
 
-    def _unique_id(self, call: ToolCallChunk) -> ToolCallChunk:
+    def _unique_id(self, call: ToolCall) -> ToolCall:
         """Tool results are matched to calls by id, so a missing or reused id gets a new one."""
         if not call.id or call.id in self._call_ids:
             call = replace(call, id=f"call_{secrets.token_hex(8)}")
@@ -388,14 +392,15 @@ class Agent:
 
         async def consume() -> None:
             async for item in valid_stream(self.client.stream(request)):
-                if isinstance(item, TextChunk):
+                # The mapping from stream items to events (agent/core/clients/base.py).
+                if isinstance(item, ContentDelta):
                     answer.text.append(item.text)
                     self.emitter.emit(TextDelta(text=item.text))
-                elif isinstance(item, ReasoningChunk):
-                    self.emitter.emit(ReasoningDelta(text=item.text))
-                elif isinstance(item, ToolCallChunk):
+                elif isinstance(item, ReasoningDelta):
+                    self.emitter.emit(ReasoningDeltaEvent(text=item.text))
+                elif isinstance(item, ToolCall):
                     answer.calls.append(self._unique_id(item))
-                elif isinstance(item, ToolCallProblem):
+                elif isinstance(item, ToolCallError):
                     answer.problems.append(item.message)
                 elif isinstance(item, Completion):
                     answer.completion = item

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.core.clients import HTTPClient, LLMClient, start_local_client
+from agent.core.clients.engine_profile import LOCAL_DEFAULT_MODEL
+from agent.core.config import DEFAULTS, AgentConfig
 from agent.core.context import ContextSettings, ResidentContext
 from agent.core.conversation import Conversation
 from agent.core.events import EventEmitter, EventSink, SessionStarted
@@ -37,9 +39,11 @@ from tools import (
 from tools.checkpoints.protocol import prune
 from tools.context import FileAccess
 from tools.process.limits import process_cap_mechanism
-from tools.sandbox.bubblewrap import Sandbox, SandboxSettings, SandboxUnavailable, detect_sandbox
+from tools.sandbox.bubblewrap import Sandbox, SandboxUnavailable, detect_sandbox
+from tools.sandbox.grants import SandboxSettings
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+# The engine's default model (the agent names none of its own); bench/ scripts read it here.
+DEFAULT_MODEL = LOCAL_DEFAULT_MODEL
 # Checkpoints a workspace keeps: /undo walks back through recent edits; older
 # snapshots only hold disk (the git store's objects, the copy store's files).
 KEEP_CHECKPOINTS = 50
@@ -49,23 +53,69 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RuntimeOptions:
+    """What `open_runtime` takes. The settings a person gives are AgentConfig's
+    (agent/core/config.py), defaults included; `from_config` is the one place a
+    config becomes RuntimeOptions. The rest (workspace, context, checkpoints) is
+    set by code: tests, benchmarks, subagents."""
+
     workspace: Path = field(default_factory=Path.cwd)
-    model: str | None = None  # local: name, folder or .gguf; attached: the served model
-    attach: str | None = None  # URL of an OpenAI-compatible server
-    api_key: str | None = None
-    context_window: int | None = None
-    approval: ApprovalMode = ApprovalMode.ASK
-    allow: tuple[str, ...] = ()
-    deny: tuple[str, ...] = ()
-    tools: tuple[str, ...] | None = None  # offer only these tools (None: all)
-    resume: str | None = None  # a session id
-    continue_last: bool = False  # the latest session of this workspace
+    model: str | None = DEFAULTS.model  # local: name, folder or .gguf; attached: the served model
+    attach: str | None = DEFAULTS.attach  # URL of an OpenAI-compatible server
+    api_key: str | None = DEFAULTS.api_key
+    context_window: int | None = DEFAULTS.context_window
+    approval: ApprovalMode = DEFAULTS.approval
+    allow: tuple[str, ...] = DEFAULTS.allow
+    deny: tuple[str, ...] = DEFAULTS.deny
+    tools: tuple[str, ...] | None = DEFAULTS.tool_names  # offer only these tools (None: all)
+    resume: str | None = DEFAULTS.resume  # a session id
+    continue_last: bool = DEFAULTS.continue_last  # the latest session of this workspace
     settings: AgentSettings = field(default_factory=AgentSettings)
     context: ContextSettings = field(default_factory=ContextSettings)
     checkpoints: bool = True
-    network: bool = False  # shell commands may use the network
-    sandbox_env: tuple[str, ...] = ()  # more variables shell commands may see
-    sandbox_read: tuple[Path, ...] = ()  # more folders shell commands may read
+    network: bool = DEFAULTS.network  # shell commands may use the network
+    sandbox_env: tuple[str, ...] = DEFAULTS.sandbox_env  # more variables shell commands may see
+    sandbox_read: tuple[Path, ...] = DEFAULTS.sandbox_read  # more folders shell commands may read
+
+    @classmethod
+    def from_config(cls, config: AgentConfig) -> RuntimeOptions:
+        """The runtime's options for the settings `config` holds (`resident`, `run`, `acp`)."""
+        return cls(
+            model=config.model,
+            attach=config.attach,
+            api_key=config.api_key,
+            context_window=config.context_window,
+            approval=config.approval,
+            allow=config.allow,
+            deny=config.deny,
+            tools=config.tool_names,
+            resume=config.resume,
+            continue_last=config.continue_last,
+            settings=AgentSettings(max_turns=config.max_turns, max_tokens=config.max_tokens),
+            network=config.network,
+            sandbox_env=config.sandbox_env,
+            sandbox_read=config.sandbox_read,
+        )
+
+    def as_config(self) -> AgentConfig:
+        """The agent settings these options hold, for showing them (`/settings`); not
+        validated, since code may set what no flag allows (a tiny window in a test)."""
+        return AgentConfig.model_construct(
+            model=self.model,
+            attach=self.attach,
+            api_key=self.api_key,
+            context_window=self.context_window,
+            approval=self.approval,
+            max_turns=self.settings.max_turns,
+            max_tokens=self.settings.max_tokens,
+            resume=self.resume,
+            continue_last=self.continue_last,
+            allow=self.allow,
+            deny=self.deny,
+            tools=",".join(self.tools) if self.tools is not None else None,
+            network=self.network,
+            sandbox_env=self.sandbox_env,
+            sandbox_read=self.sandbox_read,
+        )
 
 
 @dataclass
@@ -125,7 +175,7 @@ def make_client(options: RuntimeOptions) -> LLMClient:
             api_key=options.api_key,
             context_window=options.context_window,
         )
-    return start_local_client(options.model or DEFAULT_MODEL)
+    return start_local_client(options.model)  # None: the engine's default model
 
 
 def _open_session(

@@ -22,7 +22,7 @@ from pydantic import Field, field_validator, model_validator
 
 from agent.core.events import Event, TodoItem, TodoUpdated
 from tools import Arguments, Effect, Tool, ToolAccess, ToolCall, ToolContext, ToolResult
-from tools.sandbox.bubblewrap import SandboxGrant
+from tools.sandbox.grants import SandboxGrant
 
 TODO_TOOL = "todo_write"
 MAX_TODO_ITEMS = 50

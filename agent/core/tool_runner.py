@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.core.clients import ToolCallChunk
+from agent.core import clients
 from agent.core.events import (
     ApprovalRequested,
     ApprovalResolved,
@@ -150,20 +150,20 @@ class ToolRunner:
         )
         return CallOutcome(tool_message(call_id, result), result, **extra)
 
-    def runs_concurrently(self, chunk: ToolCallChunk) -> bool:
+    def runs_concurrently(self, chunk: clients.ToolCall) -> bool:
         """A valid call of a tool that allows it and that only reads: it may run
         alongside its neighbours in the same answer."""
-        parsed = self.registry.parse(chunk.name, chunk.arguments, chunk.id)
+        parsed = self.registry.parse(chunk.name, chunk.arguments_json, chunk.id)
         if isinstance(parsed, ToolResult):
             return False
         return parsed.tool.concurrent and parsed.access.effect is Effect.READ
 
-    def skip(self, chunk: ToolCallChunk, why: str) -> CallOutcome:
+    def skip(self, chunk: clients.ToolCall, why: str) -> CallOutcome:
         """A call that will not run (the task stopped before it)."""
         return self._finish(chunk.id, ToolResult.error(f"Not run: {why}."))
 
-    async def run(self, chunk: ToolCallChunk, history_length: int) -> CallOutcome:
-        parsed = self.registry.parse(chunk.name, chunk.arguments, chunk.id)
+    async def run(self, chunk: clients.ToolCall, history_length: int) -> CallOutcome:
+        parsed = self.registry.parse(chunk.name, chunk.arguments_json, chunk.id)
         if isinstance(parsed, ToolResult):
             return self._finish(chunk.id, parsed)
         decision = self.policy.check(parsed)

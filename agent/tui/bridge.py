@@ -39,6 +39,7 @@ from agent.core.loop import TaskOutcome
 from agent.core.plan_mode import proceed
 from agent.core.runtime import Runtime, RuntimeOptions, open_runtime
 from agent.core.session import SessionMeta, SessionStore
+from agent.core.settings_report import session_settings
 from agent.core.tool_runner import ApprovalAnswer, ApprovalRequest
 from agent.tui.messages import AgentEvent, ApprovalNeeded, EngineInfo, History
 from tools import ApprovalMode, RestoreReport
@@ -250,6 +251,9 @@ class AgentBridge:
 
     def mcp_report(self) -> list[str]:
         return mcp_report(self._runtime())
+
+    async def settings_report(self) -> list[str]:
+        return await self._call(session_settings(self._runtime(), self.options))
 
     async def sessions(self) -> list[SessionMeta]:
         agent = self._runtime().agent

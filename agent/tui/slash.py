@@ -224,6 +224,9 @@ class SlashCommands:
         self.app.status.set_approval(chosen.value)
         await self.view.note(f"Approval mode is now {chosen.value}.", "good")
 
+    async def do_settings(self, _: str) -> None:
+        await self.view.note("\n".join(await self.app.bridge.settings_report()))
+
     async def do_plan(self, task: str) -> None:
         """Plan mode (agent/core/plan_mode.py); with a task, plan it right away."""
         chosen = self.app.bridge.set_approval(ApprovalMode.PLAN)

@@ -4,6 +4,11 @@ Streaming parsers turn model text into events; `collect_events` folds a whole
 event stream into the message a non-streaming response returns. The complete
 parsers are defined as exactly that fold, so a streamed response and a
 non-streamed one can never disagree.
+
+These are the words for streamed model output everywhere, not only here: the
+server writes them as OpenAI, Anthropic or Responses chunks, and the agent's
+clients stream the same classes (text, reasoning, complete `ToolCall`s,
+`ToolCallError`); agent/core/clients/base.py maps them to the agent's events.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def bench_throughput(
     ),
 ) -> None:
     """Decode tokens/s: engine (BF16 and FP8 KV) against transformers' generate."""
-    from engine.benchmarks.throughput import format_table, run_throughput
+    from engine.devtools.benchmarks.throughput import format_table, run_throughput
 
     with _usage_errors():
         result = run_throughput(
@@ -72,7 +72,7 @@ def bench_serving(
     peer_model: str = typer.Option(None, help="The model name the peer expects (its first)."),
 ) -> None:
     """Decode tokens/s through the library, the in-process async engine and HTTP, and a peer."""
-    from engine.benchmarks.serving_paths import PATHS, format_table, run_serving
+    from engine.devtools.benchmarks.serving_paths import PATHS, format_table, run_serving
 
     chosen = tuple(p.strip() for p in paths.split(",") if p.strip())
     unknown = sorted(set(chosen) - set(PATHS))
@@ -106,7 +106,7 @@ def bench_accuracy(
     calibration_tokens: int = typer.Option(1024, min=0, help="Held-out tokens per text."),
 ) -> None:
     """Perplexity and top-1 agreement of FP8 KV variants against BF16 KV."""
-    from engine.benchmarks.accuracy import format_table, run_accuracy
+    from engine.devtools.benchmarks.accuracy import format_table, run_accuracy
 
     def numbers(value: str, flag: str) -> tuple[int, ...]:
         try:
@@ -136,7 +136,7 @@ def bench_prefix(
     kv_cache_dtype: str = setting_option("kv_cache_dtype"),
 ) -> None:
     """Time to first token with a cached shared prefix against a cold one, over HTTP."""
-    from engine.benchmarks.serving import run_prefix
+    from engine.devtools.benchmarks.serving import run_prefix
 
     with _usage_errors():
         result = run_prefix(model, prefix_tokens, kv_cache_dtype)
@@ -192,14 +192,14 @@ def bench_families(
     """Resident against llama.cpp on random-weight Llama, GLM-MoE and Kimi models of 1-2B."""
     from pathlib import Path
 
-    from engine.benchmarks.families import (
+    from engine.devtools.benchmarks.families import (
         RESIDENT_SOURCES,
         family_block,
         header_lines,
         run_families,
     )
-    from engine.benchmarks.family_files import FAMILIES
-    from engine.benchmarks.family_runs import FIGURES
+    from engine.devtools.benchmarks.family_files import FAMILIES
+    from engine.devtools.benchmarks.family_runs import FIGURES
 
     chosen_families = _names(families, "--families", FAMILIES)
     chosen_figures = _names(figures, "--figures", FIGURES)

@@ -1,8 +1,8 @@
-"""A worker rank: join the group, build this rank's stack, run every step rank 0 sends.
+"""A worker rank: join the group, build this rank's model, run every step rank 0 sends.
 
 The process is started by engine.distributed.launch (spawn). It builds its
 model shard, KV pool and runner with the same function rank 0 uses
-(engine.execution.model_stack), then loops: receive rank 0's message over the control
+(engine.execution.rank_model), then loops: receive rank 0's message over the control
 group, rebuild the batch, run the same forward (its collectives meet rank
 0's), until a shutdown message. Only rank 0 samples.
 
@@ -147,10 +147,10 @@ def worker_main(spec: WorkerSpec, errors: Connection) -> None:
             spec.config.expert_parallel,
             COLLECTIVE_TIMEOUT_S,
         )
-        from engine.execution.model_stack import build_model_stack
+        from engine.execution.rank_model import build_rank_model
 
-        stack = build_model_stack(spec.config, Path(spec.model_dir), device)
-        serve_steps(stack.runner, spec.config.deterministic, watchdog)
+        runner = build_rank_model(spec.config, Path(spec.model_dir), device).runner
+        serve_steps(runner, spec.config.deterministic, watchdog)
     except BaseException as err:
         code = 1
         message = f"{type(err).__name__}: {err}"

@@ -1,4 +1,5 @@
 """The model as one rank runs it: built with its KV pool and attention backend
-(model_stack.py, the same on rank 0 and on every worker), fed one step at a
+(rank_model.py, the same on rank 0 and on every worker: the numerics decided in
+weight_packing.py, layer_kernels.py and engine/kv), fed one step at a
 time (runner.py).
 """

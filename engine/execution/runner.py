@@ -2,7 +2,9 @@
 
 The runner knows tensors, not policy: the scheduler decides who runs and how
 many tokens; the runner lays those tokens out flat, computes slots from page
-tables, and returns the logits rows the engine asked for.
+tables, and returns the logits rows the engine asked for. `build_runner`
+decides how it runs: the attention backend, and whether decode steps replay
+as CUDA graphs (decode_graphs.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.attention.metadata import AttentionMetadata
+from engine.attention.registry import get_backend
+from engine.config import EngineConfig
 from engine.models.decoder import ForwardContext
 from engine.requests.sequence import ScheduledSequence
 
@@ -52,7 +56,7 @@ class ModelRunner:
         # context wants (the prefill kernels take several queries over a cached prefix).
         self.verify_as_rows = device.type == "cpu" if verify_as_rows is None else verify_as_rows
         # Plain decode steps on fixed buffers, replayed as CUDA graphs (decode_graphs.py);
-        # set by the model stack where they run.
+        # set by build_runner where they run.
         self.graphs = None
 
     def _slots(self, pages: list[int], start: int, end: int) -> torch.Tensor:
@@ -125,3 +129,38 @@ class ModelRunner:
             index: self.model.compute_logits(hidden[a:b]) for index, (a, b) in chunk_ranges.items()
         }
         return StepOutput(sample_logits, sample_rows, chunk_logits, verify_logits)
+
+
+def build_runner(
+    model, pool, config: EngineConfig, device: torch.device, ranks: int, max_model_len: int
+) -> ModelRunner:
+    """The runner over `config`'s attention backend, with CUDA graphs where they run."""
+    runner = ModelRunner(
+        model,
+        pool,
+        get_backend(config.attention_backend, config.deterministic),
+        config.page_size,
+        device,
+    )
+    if not config.fp8_decode_dots and hasattr(runner.backend, "fp8_dot"):
+        runner.backend.fp8_dot = False  # the Triton backend's default takes them where it can
+    if config.cuda_graphs and ranks == 1 and graphs_can_run(runner):
+        # Here, not at the top: the graphs' inputs are the Triton kernels' page tables,
+        # and Triton is installed only where it runs (Linux x86-64).
+        from engine.execution.decode_graphs import DecodeGraphs
+        from engine.execution.decode_inputs import DecodeInputs
+
+        runner.graphs = DecodeGraphs(
+            model,
+            pool,
+            runner.backend,
+            DecodeInputs(config.max_num_seqs, max_model_len, config.page_size, device),
+            capture=True,
+        )
+    return runner
+
+
+def graphs_can_run(runner: ModelRunner) -> bool:
+    """CUDA graphs replay decode on a GPU whose attention is the Triton backend (the
+    torch and deterministic backends build masks and tables on the host each step)."""
+    return runner.device.type == "cuda" and runner.backend.name == "triton"

@@ -17,7 +17,7 @@ pairs gets no block. Within an expert pairs keep their order (a stable
 sort), so the result does not depend on the sort's implementation. The
 per-expert counts are binary searches in the sorted keys, not torch.bincount
 (which on CUDA reads its output size back); tests/engine/gpu_kernels/
-test_moe_sync_free.py runs the step under engine.testing.capture_hazards.
+test_moe_sync_free.py runs the step under engine.devtools.testing.capture_hazards.
 
 Ids outside [0, E) (negative ids: an expert another expert-parallel rank
 holds) get no block: their pairs contribute nothing. Checking ids against E

@@ -108,7 +108,7 @@ def tiles(m: int) -> dict:
     8 warps: unpacking a weight tile with its group scales in registers needs
     more than 4 warps have. With 4, sm_90 spilled 252 B/thread (Triton 3.9)
     at the decode tiles and 608 B (Triton 3.6) at 64 x 128; with 8, none
-    (`python -m engine.kernel_check` measures it; docs/BENCHMARKS.md).
+    (`python -m engine.devtools.kernel_check` measures it; docs/BENCHMARKS.md).
     """
     if interpreting():
         return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, num_warps=1, num_stages=1)

@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import xgrammar as xgr
 
@@ -85,8 +85,26 @@ def backend_for(tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int]) 
         return backend
 
 
-def engine_backend(engine: Any) -> GrammarBackend:
-    """The backend for an LLMEngine's tokenizer; GrammarError when the model has none."""
+class _VocabularySize(Protocol):
+    @property
+    def vocab_size(self) -> int: ...
+
+
+class GrammarVocabulary(Protocol):
+    """What a grammar needs of the engine it constrains: its tokenizer, the model's
+    vocabulary size (the width of the logits it masks) and the tokens it stops on.
+    An LLMEngine has them, and so has its request intake (engine/core/intake.py)."""
+
+    @property
+    def tokenizer(self) -> Any: ...
+    @property
+    def model_config(self) -> _VocabularySize: ...
+    @property
+    def eos_token_ids(self) -> set[int]: ...
+
+
+def engine_backend(engine: GrammarVocabulary) -> GrammarBackend:
+    """The backend for an engine's tokenizer; GrammarError when the model has none."""
     try:
         return backend_for(
             engine.tokenizer,
@@ -99,15 +117,15 @@ def engine_backend(engine: Any) -> GrammarBackend:
         ) from error
 
 
-def precompile(engine: Any, params: Any) -> None:
+def precompile(engine: GrammarVocabulary, params: Any) -> None:
     """Build the vocabulary and compile `params.structured` into the caches, so the
     engine thread's `request_grammar` only makes the matcher (AsyncEngine calls this
     from a worker thread)."""
     engine_backend(engine).compile(params.structured)
 
 
-def request_grammar(engine: Any, params: Any) -> RequestGrammar:
-    """The matcher for a request to `engine` (an LLMEngine) with `params.structured` set.
+def request_grammar(engine: GrammarVocabulary, params: Any) -> RequestGrammar:
+    """The matcher for a request to `engine` with `params.structured` set.
 
     Its stop tokens are every token the engine stops on: the model's EOS tokens
     (also under ignore_eos: a grammar that has ended has nothing more to say)

@@ -16,8 +16,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 from engine.errors import EngineError
+from engine.kv.pool_base import PagedPoolBase
 from engine.kv.scales import write_scales_file
 
 log = logging.getLogger(__name__)
@@ -81,8 +83,33 @@ def body_tokens(tokenizer, texts: Sequence[str]) -> list[int]:
     return ids
 
 
+class _CalibratedEngine(Protocol):
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def pool(self) -> PagedPoolBase: ...
+    @property
+    def tensor_parallel(self) -> bool: ...
+
+
+class CalibrationTarget(Protocol):
+    """What calibration uses of an engine.LLM (which kv, below it, cannot import)."""
+
+    @property
+    def engine(self) -> _CalibratedEngine: ...
+    @property
+    def tokenizer(self) -> Any: ...
+    def calibrate_kv_scales(
+        self,
+        prompts: Sequence[str | list[int]],
+        path: str | Path | None = None,
+        margin: float | None = None,
+        source: str = "calibrated",
+    ) -> dict: ...
+
+
 def calibrate_on_texts(
-    llm,
+    llm: CalibrationTarget,
     texts: Sequence[str],
     *,
     window: int = 2048,
@@ -138,7 +165,7 @@ def builtin_sample_texts() -> list[str]:
     return texts
 
 
-def calibrate_without_fixed_scales(llm) -> dict | None:
+def calibrate_without_fixed_scales(llm: CalibrationTarget) -> dict | None:
     """Calibrate an FP8 engine's KV scales on the built-in sample when it has neither
     checkpoint nor file scales, before any request can set them; None otherwise.
     `llm` is an engine.LLM (`LLM.from_engine(engine)` for a bare LLMEngine)."""

@@ -2,12 +2,18 @@
 (besides "auto"), the bytes each stores per value, and the one "auto" picks.
 
 EngineConfig derives the setting's choices from here, engine/kv/sizing.py what a
-token costs and engine/kv/pool_base.py each name's torch storage dtype. It is
+token costs and engine/kv/pool_base.py each name's torch storage dtype; the
+dtype a model's cache takes is decided here too (`resolve_kv_dtype`). It is
 torch-free, as is the engine/kv package file, so that the config and
 `resident serve --help` read it without loading torch.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 # The FP8 cache: values quantized with per-layer (or per-head) scales, which
 # `resident models calibrate` measures.
@@ -25,3 +31,11 @@ SERVING_KV_DTYPES: tuple[str, ...] = ("bf16", FP8_KV_DTYPE)
 AUTO_KV_DTYPES: dict[str, str] = {"bfloat16": "bf16", "float32": "float32"}
 
 assert set(AUTO_KV_DTYPES.values()) <= set(KV_DTYPES), "auto must pick a declared KV dtype"
+
+
+def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> str:
+    """The KV storage dtype `kv_cache_dtype` names; "auto" keeps the model's dtype
+    (AUTO_KV_DTYPES: a float32 model keeps a float32 cache)."""
+    if name == "auto":
+        return AUTO_KV_DTYPES[str(model_dtype).removeprefix("torch.")]
+    return name

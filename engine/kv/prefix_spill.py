@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import logging
 import os
-import weakref
 
 from engine.kv.disk_tier import DamagedPage, PageRecord, chain_keys, page_key, root_key
 from engine.kv.host_tier import HostEntry, HostTier
-from engine.kv.prefix_store import SaveJob, engine_fingerprint, scales_state
-from engine.kv.radix import RadixNode
+from engine.kv.prefix_store import PrefixStore, SaveJob, scales_state
+from engine.kv.prefix_tier_parts import PrefixTierParts, TierSettings, engine_fingerprint
+from engine.kv.radix import RadixCache, RadixNode
 
 log = logging.getLogger(__name__)
 GIB = 1024**3
@@ -58,7 +58,7 @@ def physical_memory() -> int:
         return int(4 * DEFAULT_HOST_GIB * GIB)  # unknown: let the default stand
 
 
-def host_budget_bytes(config, device_type: str) -> int:
+def host_budget_bytes(config: TierSettings, device_type: str) -> int:
     """The host tier's byte budget for this engine (0: off)."""
     if config.tensor_parallel_size > 1:
         return 0  # rank 0 holds only its shard of each page
@@ -70,33 +70,28 @@ def host_budget_bytes(config, device_type: str) -> int:
 
 
 class PrefixSpill:
-    def __init__(self, engine, host_budget: int):
-        # The engine (and its tree, whose `spill` hook is a method of this object)
-        # weakly: a cycle would keep a dropped engine's KV pool alive until the
-        # cycle collector happens to run, gigabytes at a time in a test suite.
-        self._engine = weakref.ref(engine)
-        self.pool = engine.pool
-        self.allocator = engine.allocator
-        self.page_size = engine.config.page_size
-        self.store = engine.prefix_store  # the disk tier, or None
+    def __init__(self, parts: PrefixTierParts, store: PrefixStore | None, host_budget: int):
+        # The parts hold the tree weakly: the tree's `spill` hook is a method of this
+        # object, and a cycle would keep a dropped engine's pool alive (prefix_tier_parts.py).
+        self.parts = parts
+        self.pool = parts.pool
+        self.allocator = parts.allocator
+        self.page_size = parts.page_size
+        self.store = store  # the disk tier, or None
         self.host = HostTier(host_budget) if host_budget > 0 else None
         self._fingerprint: str | None = None
         self.spilled = self.to_host = self.to_disk = self.dropped = 0
         self.from_host = self.from_disk = 0
 
     @property
-    def engine(self):
-        return self._engine()
-
-    @property
-    def cache(self):
-        return self.engine.prefix_cache
+    def cache(self) -> RadixCache:
+        return self.parts.cache
 
     @property
     def fingerprint(self) -> str:
         if self._fingerprint is None:  # reads config.json: only once a tier needs it
             store = self.store
-            self._fingerprint = store.fingerprint if store else engine_fingerprint(self.engine)[0]
+            self._fingerprint = store.fingerprint if store else engine_fingerprint(self.parts)[0]
         return self._fingerprint
 
     # ----- out ----------------------------------------------------------------------
@@ -270,12 +265,10 @@ class PrefixSpill:
         }
 
 
-def open_prefix_spill(engine) -> PrefixSpill | None:
-    """The spill tier for an engine with a prefix cache, hooked into its tree and
-    scheduler (engine.kv.prefix_store must be set first: it is the disk tier)."""
-    if engine.prefix_cache is None:
-        return None
-    spill = PrefixSpill(engine, host_budget_bytes(engine.config, engine.device.type))
-    engine.prefix_cache.spill = spill.spill
-    engine.scheduler.restore = spill.restore
-    return spill
+def open_prefix_spill(
+    parts: PrefixTierParts, store: PrefixStore | None, settings: TierSettings, device_type: str
+) -> PrefixSpill:
+    """The spill tier over these parts, with the disk tier `store` (or None) behind its
+    host tier. Its owner hooks it in: `spill` into the tree (RadixCache.spill), `restore`
+    into the scheduler (engine/core/prefix_tiers.py)."""
+    return PrefixSpill(parts, store, host_budget_bytes(settings, device_type))

@@ -1,13 +1,13 @@
 """Prefix KV across processes: save cached prefixes to the disk tier, restore them.
 
-The bridge between a running engine (its pool, allocator and radix tree) and
-engine/kv/disk_tier.py. Pages are keyed by a chain rooted in:
+The bridge between a running engine (its pool, allocator and radix tree:
+PrefixTierParts) and engine/kv/disk_tier.py. Pages are keyed by a chain rooted in:
 
-- the engine fingerprint (`engine_fingerprint`): everything that decides the
-  K/V bytes a prefill writes — the model (folder, config.json's hash, the
-  weight files' names, sizes and mtimes), dtype, KV dtype, page size and
-  layout, rotation, scale granularity, attention backend, CPU kernel,
-  deterministic mode, device type and torch version;
+- the engine fingerprint (`engine_fingerprint`, engine/kv/prefix_tier_parts.py):
+  everything that decides the K/V bytes a prefill writes — the model (folder,
+  config.json's hash, the weight files' names, sizes and mtimes), dtype, KV
+  dtype, page size and layout, rotation, scale granularity, attention backend,
+  CPU kernel, deterministic mode, device type and torch version;
 - the digest of the KV scales in force (FP8 bytes mean nothing without them);
 - the cache salt.
 
@@ -23,11 +23,8 @@ pressure are written through `write` too, and read back page by page
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import weakref
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -41,51 +38,9 @@ from engine.kv.disk_tier import (
     root_key,
     scales_digest,
 )
+from engine.kv.prefix_tier_parts import PrefixTierParts, TierSettings, engine_fingerprint
 
 log = logging.getLogger(__name__)
-FORMAT = 1
-WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt")
-
-
-def _model_identity(model_dir: Path) -> dict:
-    config = model_dir / "config.json"
-    files = sorted(
-        (p.name, p.stat().st_size, p.stat().st_mtime_ns)
-        for p in model_dir.iterdir()
-        if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)
-    )
-    return {
-        "model_dir": str(model_dir.resolve()),
-        "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest()
-        if config.is_file()
-        else "",
-        "weights": files,
-    }
-
-
-def engine_fingerprint(engine) -> tuple[str, dict]:
-    """(fingerprint, the facts it covers) for an LLMEngine."""
-    facts = {
-        "format": FORMAT,
-        **_model_identity(Path(engine.model_dir)),
-        "architecture": engine.model_config.architecture,
-        "dtype": str(engine.dtype),
-        "kv_cache_dtype": engine.kv_dtype,
-        "page_size": engine.config.page_size,
-        "layout": {k: str(v) for k, v in asdict(engine.layout).items()},
-        "kv_rotation": engine.kv_rotation,
-        "kv_rotation_detail": engine.kv_rotation_detail,
-        "scale_granularity": engine.pool.granularity,
-        "attention_backend": engine.runner.backend.name,
-        "cpu_kernel": engine.cpu_kernel,
-        # Weights rounded at load compute another function than the checkpoint's.
-        "cpu_weights": engine.config.cpu_weights,
-        "deterministic": engine.config.deterministic,
-        "device": engine.device.type,
-        "torch": torch.__version__,
-    }
-    digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
-    return digest, facts
 
 
 def _scale_pair(pool) -> tuple[str, str]:
@@ -122,26 +77,20 @@ class RestorePlan:
 
 
 class PrefixStore:
-    def __init__(self, engine, root: Path, budget_bytes: int):
-        # Weakly, like the spill tier: the engine holds this store, and a cycle would
-        # keep a dropped engine's KV pool alive until the cycle collector ran.
-        self._engine = weakref.ref(engine)
-        self.fingerprint, self.facts = engine_fingerprint(engine)
+    def __init__(self, parts: PrefixTierParts, root: Path, budget_bytes: int):
+        self.parts = parts
+        self.fingerprint, self.facts = engine_fingerprint(parts)
         self.tier = DiskTier(root, self.fingerprint, budget_bytes)
-        self.page_size = engine.config.page_size
-
-    @property
-    def engine(self):
-        return self._engine()
+        self.page_size = parts.page_size
 
     # ----- save -------------------------------------------------------------------
 
     def collect(self, token_ids: list[int], salt: str = "") -> SaveJob | None:
         """The cached full pages of this prefix as records to write (payloads only for
         pages not on disk yet). Runs on the engine thread; `write` can run anywhere."""
-        cache = self.engine.prefix_cache
-        digest, scales = scales_state(self.engine.pool)
-        if cache is None or not digest:
+        cache = self.parts.cache
+        digest, scales = scales_state(self.parts.pool)
+        if not digest:
             return None
         nodes = cache.match(list(token_ids) + [0], salt, record=False).nodes
         tokens = list(token_ids[: len(nodes) * self.page_size])
@@ -150,7 +99,7 @@ class PrefixStore:
         records = []
         for depth, (node, key) in enumerate(zip(nodes, keys, strict=True)):
             on_disk = self.tier.has_page(depth, key)
-            payload = b"" if on_disk else self.engine.pool.page_bytes(node.page)
+            payload = b"" if on_disk else self.parts.pool.page_bytes(node.page)
             records.append(PageRecord(key, parent, depth, list(node.tokens), salt, payload))
             parent = key
         return SaveJob(records, digest, scales) if records else None
@@ -181,7 +130,7 @@ class PrefixStore:
     # ----- restore ------------------------------------------------------------------
     def _candidates(self) -> list[tuple[str, dict | None]]:
         """Scale sets pages may have been saved under that this pool can use."""
-        pool = self.engine.pool
+        pool = self.parts.pool
         digest, scales = scales_state(pool)
         if digest:
             return [(digest, None)]  # in force: only pages saved under them
@@ -202,11 +151,8 @@ class PrefixStore:
     def plan(self, token_ids: list[int], salt: str = "") -> RestorePlan | None:
         """What to read: the pages past those the tree holds, under a usable scale set.
         Engine thread (it reads the tree); cheap."""
-        cache = self.engine.prefix_cache
-        if cache is None:
-            return None
         tokens = list(token_ids)
-        have = len(cache.match(tokens + [0], salt, record=False).pages)
+        have = len(self.parts.cache.match(tokens + [0], salt, record=False).pages)
         if have >= len(tokens) // self.page_size:
             return None
         for digest, scales in self._candidates():
@@ -262,37 +208,38 @@ class PrefixStore:
         skipped, and pages it lost leave a gap nothing may follow (then nothing is placed)."""
         if plan is None or not records:
             return 0
-        engine, pool = self.engine, self.engine.pool
-        have = engine.prefix_cache.match(plan.tokens + [0], plan.salt, record=False).pages
+        pool, allocator = self.parts.pool, self.parts.allocator
+        have = self.parts.cache.match(plan.tokens + [0], plan.salt, record=False).pages
         if len(have) < plan.start:
             return 0
         if plan.scales is not None and pool.calibrated_layers != 0:
             if scales_state(pool)[0] != plan.scales_digest:
                 return 0  # the pool took other scales meanwhile: these bytes mean nothing
         for page in have:  # making room must not evict the prefix being extended
-            engine.allocator.retain(page)
+            allocator.retain(page)
         try:
             return self._place(plan, records, have)
         finally:
-            engine.allocator.release(have)
+            allocator.release(have)
 
     def _place(self, plan: RestorePlan, records: list[PageRecord], have: list[int]) -> int:
-        engine, pool, ps = self.engine, self.engine.pool, self.page_size
+        pool, allocator, ps = self.parts.pool, self.parts.allocator, self.page_size
         tokens, salt = plan.tokens, plan.salt
         new_pages: list[int] = []
         loaded = []
         for record in records[len(have) - plan.start :]:
-            if not engine.allocator.can_allocate(1) and not cache_evict(engine, 1):
+            # Room from unpinned, unused cached pages only.
+            if not allocator.can_allocate(1) and self.parts.cache.evict(1) < 1:
                 break
             if plan.scales is not None and not new_pages and pool.calibrated_layers == 0:
                 # Adopt the scale set only once a page under it has checked out.
                 a, b = _scale_pair(pool)
                 pool.set_scales(torch.tensor(plan.scales[a]), torch.tensor(plan.scales[b]), "disk")
-            page = engine.allocator.allocate(1)[0]
+            page = allocator.allocate(1)[0]
             try:
                 pool.load_page_bytes(page, record.payload)
             except ValueError as err:
-                engine.allocator.release([page])
+                allocator.release([page])
                 log.warning("saved KV page %d does not fit this pool (%s)", record.depth, err)
                 break
             new_pages.append(page)
@@ -300,8 +247,8 @@ class PrefixStore:
         if not new_pages:
             return 0
         count = len(have) + len(new_pages)
-        engine.prefix_cache.insert(tokens[: count * ps], list(have) + new_pages, salt)
-        engine.allocator.release(new_pages)  # the tree holds them now
+        self.parts.cache.insert(tokens[: count * ps], list(have) + new_pages, salt)
+        allocator.release(new_pages)  # the tree holds them now
         self.tier.touch(loaded)
         log.info("restored %d KV pages (%d tokens) from disk", len(new_pages), len(new_pages) * ps)
         return len(new_pages) * ps
@@ -309,7 +256,7 @@ class PrefixStore:
     def restore_saved(self, max_fraction: float = 0.5) -> int:
         """Restore saved prefixes, most recently used first, while they take at most
         `max_fraction` of the pool (a server starting); returns tokens restored."""
-        allocator, total = self.engine.allocator, 0
+        allocator, total = self.parts.allocator, 0
         floor = allocator.num_pages * (1 - max_fraction)
         for tokens, salt in self.saved_prefixes():
             if allocator.num_free - len(tokens) // self.page_size < floor:
@@ -320,10 +267,11 @@ class PrefixStore:
     def cached_prefixes(self) -> list[tuple[list[int], str]]:
         """The prefixes the tree holds worth saving when a server stops: pinned ones
         first, then the most recently used, as many as the disk budget holds."""
-        per_page = len(self.engine.pool.page_bytes(0)) if self.engine.pool.num_pages else 0
+        pool = self.parts.pool
+        per_page = len(pool.page_bytes(0)) if pool.num_pages else 0
         room = self.tier.budget_bytes // max(per_page, 1)
         out = []
-        for salt, tokens, _, _ in self.engine.prefix_cache.paths():
+        for salt, tokens, _, _ in self.parts.cache.paths():
             pages = len(tokens) // self.page_size
             if pages > room:
                 break
@@ -338,24 +286,20 @@ class PrefixStore:
         return self.tier.saved_chains()
 
 
-def open_prefix_store(engine) -> PrefixStore | None:
-    """The disk tier for an engine whose config asks for one (kv_disk), else None."""
-    if not (engine.config.kv_disk and engine.prefix_cache is not None):
+def open_prefix_store(
+    parts: PrefixTierParts, settings: TierSettings, tensor_parallel: bool
+) -> PrefixStore | None:
+    """The disk tier for an engine whose settings ask for one (kv_disk), else None."""
+    if not settings.kv_disk:
         return None
-    if engine.tensor_parallel:
+    if tensor_parallel:
         log.info(
             "the prefix disk tier (kv_disk) is off with tensor parallelism: each rank "
             "holds its own shard of every page, and would need its own files"
         )
         return None
 
-    root = Path(engine.config.kv_disk_dir) if engine.config.kv_disk_dir else default_root()
-    store = PrefixStore(engine, root, int(engine.config.kv_disk_gib * 1024**3))
+    root = Path(settings.kv_disk_dir) if settings.kv_disk_dir else default_root()
+    store = PrefixStore(parts, root, int(settings.kv_disk_gib * 1024**3))
     store.tier.recover()  # what a process killed mid-save, or a full disk, left behind
     return store
-
-
-def cache_evict(engine, pages: int) -> bool:
-    """Make room in the pool by evicting unpinned, unused cached pages."""
-    cache = engine.prefix_cache
-    return cache is not None and cache.evict(pages) >= pages

@@ -12,7 +12,7 @@ experts may run on BF16 tiles.
 
 What it computes is the module path's, step for step (moe_block.c says where
 the arithmetic may differ: the router's float32 sums are in another order).
-The engine installs it with one rank only (engine/execution/model_stack.py),
+The engine installs it with one rank only (engine/execution/layer_kernels.py),
 after CpuMoeExperts.
 """
 

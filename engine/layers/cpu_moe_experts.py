@@ -16,7 +16,7 @@ float32 and rounds to BF16 once, where the loop rounds each expert's
 weighted output and each addition: the two differ by a few BF16 roundings of
 the summands (tests/engine/test_cpu_moe_experts.py bounds it).
 
-The engine installs it (engine/execution/model_stack.py) after grid packing,
+The engine installs it (engine/execution/layer_kernels.py) after grid packing,
 with one rank only: the kernel holds every expert, and runs no collectives.
 """
 

@@ -9,7 +9,7 @@ bfloat16, float16 and float32, a norm weight in another dtype than its input,
 rows wider than the kernel's registers, a last dimension with a stride.
 
 The engine chooses these ops once at load on a CUDA device
-(engine/execution/model_stack.py) unless `--deterministic` keeps the torch
+(engine/execution/layer_kernels.py) unless `--deterministic` keeps the torch
 ops. The Hadamard rotation stays torch's matrix product. Importing this
 module does not import Triton: the kernels are imported on the first call
 that runs them.

@@ -14,7 +14,7 @@ embedding and the K/V Hadamard rotation each call `self.ops.<op>(...)`:
 A decode step of a small model on CPU spends as much time in these operators,
 several tiny torch calls each, as in its weight products; the C versions make
 one call each. The engine chooses once at load (`CausalLM.use_layer_ops`,
-called from engine/execution/model_stack.py) and nothing else changes: the modules keep
+called from engine/execution/layer_kernels.py) and nothing else changes: the modules keep
 their forward, the collectives in it included, so the ops are safe with
 tensor parallelism. `--deterministic` keeps the torch ops.
 

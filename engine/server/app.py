@@ -1,7 +1,7 @@
 """The FastAPI app: routes, middleware and error handling over one served model.
 
-`create_app(engine, model)` takes any engine object with AsyncEngine's
-`generate` and `stats` (tests pass a scripted fake), so the HTTP behaviour can
+`create_app(engine, model)` takes any engine with AsyncEngine's `generate` and
+`stats` (engine/server/serving_engine.py; tests pass a scripted fake), so the HTTP behaviour can
 be tested without a model. The app does not own the engine: whoever built it
 shuts it down (see launch.py).
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -30,6 +29,7 @@ from engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from engine.server.request_body import MAX_BODY_BYTES, parse_body
 from engine.server.responses import responses_router
 from engine.server.served_model import ServedModel
+from engine.server.serving_engine import ServingEngine
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +54,19 @@ async def _answer(work: Awaitable[Response]) -> Response:
         raise from_exception(error) from error
 
 
-def _engine_alive(engine: Any) -> bool:
+def _engine_alive(engine: ServingEngine) -> bool:
     alive = getattr(engine, "is_alive", None)
     # Test doubles without a thread count as alive.
     return bool(alive()) if callable(alive) else True
 
 
-def _engine_failure(engine: Any) -> str | None:
+def _engine_failure(engine: ServingEngine) -> str | None:
     """Why the engine cannot serve (e.g. a tensor-parallel rank died), when it says."""
     failure = getattr(engine, "failure", None)
     return failure() if callable(failure) else None
 
 
-def create_app(engine: Any, model: ServedModel, api_key: str | None = None) -> FastAPI:
+def create_app(engine: ServingEngine, model: ServedModel, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="Resident engine", docs_url=None, redoc_url=None, openapi_url=None)
     ctx = ServerContext(
         engine=engine, model=model, metrics=ServerMetrics(model.id), api_key=api_key
@@ -104,7 +104,7 @@ def create_app(engine: Any, model: ServedModel, api_key: str | None = None) -> F
 
     @app.get("/v1/engine/stats")
     async def engine_stats() -> dict:
-        return {"model": model.id, **(await engine.stats())}
+        return {"model": model.id, **(await engine.stats()), "settings": model.settings}
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from engine.server.auth import cache_salt
 from engine.server.error_responses import APIError
 from engine.server.metrics import ServerMetrics
 from engine.server.served_model import ServedModel
+from engine.server.serving_engine import ServingEngine
 
 
 @dataclass
 class ServerContext:
-    engine: Any  # AsyncEngine, or anything with the same generate/stats
+    engine: ServingEngine  # AsyncEngine, or a test's double with the same generate/stats
     model: ServedModel
     metrics: ServerMetrics
     api_key: str | None = None

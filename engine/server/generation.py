@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from starlette.requests import Request
 
@@ -25,6 +25,7 @@ from engine.requests.outputs import RequestOutput
 from engine.requests.params import SamplingParams
 from engine.server.error_responses import ClientDisconnected
 from engine.server.metrics import ServerMetrics
+from engine.server.serving_engine import ServingEngine
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -45,7 +46,7 @@ class _ChoiceTiming:
 class GenerationGroup:
     def __init__(
         self,
-        engine: Any,
+        engine: ServingEngine,
         jobs: list[Job],
         request_id: str,
         cache_salt: str,

@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import threading
+from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig, unknown_choice
 from engine.server.options import (
@@ -25,6 +26,9 @@ from engine.server.options import (
     flag_of,
     serve_settings,
 )
+
+if TYPE_CHECKING:
+    from engine.async_engine import AsyncEngine  # torch: loaded only to serve
 
 log = logging.getLogger("resident.serve")
 
@@ -127,14 +131,14 @@ def engine_config(options: ServeOptions) -> EngineConfig:
     return EngineConfig(**serve_settings(options))
 
 
-def build_engine(options: ServeOptions):
+def build_engine(options: ServeOptions) -> AsyncEngine:
     """Load the model into an AsyncEngine (slow: reads the weights, allocates the KV pool)."""
     from engine.async_engine import AsyncEngine
 
     return AsyncEngine.open(engine_config(options))
 
 
-def restore_prefixes(engine) -> None:
+def restore_prefixes(engine: AsyncEngine) -> None:
     """Load the prefixes a previous run saved, before the first request."""
     import asyncio
 
@@ -143,7 +147,7 @@ def restore_prefixes(engine) -> None:
         log.info("restored %d tokens of cached prefixes from the KV disk tier", tokens)
 
 
-def save_prefixes(engine) -> None:
+def save_prefixes(engine: AsyncEngine) -> None:
     """Save the prefixes the cache holds (pinned first) for the next run; a failure
     is logged, never raised, so stopping always completes."""
     import asyncio

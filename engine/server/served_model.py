@@ -10,9 +10,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.chat.tool_text import read_model_type
+
+if TYPE_CHECKING:
+    from engine.async_engine import AsyncEngine
 
 
 def template_text(tokenizer: Any) -> str | None:
@@ -32,6 +35,9 @@ class ServedModel:
     model_type: str | None = None
     chat_template: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    # The EngineConfig the engine runs with, for /v1/engine/stats: which settings are in
+    # force (e.g. speculative), as SGLang's /get_server_info tells its server arguments.
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -41,7 +47,7 @@ class ServedModel:
         return name is None or name in self.names
 
     @classmethod
-    def from_engine(cls, async_engine: Any, name: str) -> ServedModel:
+    def from_engine(cls, async_engine: AsyncEngine, name: str) -> ServedModel:
         """Describe the model an AsyncEngine loaded, served under `name` and its folder's name."""
         engine = async_engine.engine
         model_dir = Path(engine.model_dir)
@@ -56,4 +62,5 @@ class ServedModel:
             capacity_tokens=engine.capacity_tokens,
             model_type=read_model_type(model_dir),
             chat_template=template_text(engine.tokenizer),
+            settings=engine.config.model_dump(mode="json"),
         )

@@ -11,7 +11,7 @@ Each chooses q with the unrounded step, then stores d (and m) in half.
 The results are float32 values that lie exactly on the grid, so the CPU grid
 packer (engine/layers/cpu_grid_weights.py) keeps them packed without loss.
 Used to quantize a dense checkpoint at load (`--cpu-weights`) and to make the
-benchmarks' random checkpoints (engine/testing/realistic_checkpoints.py).
+benchmarks' random checkpoints (engine/devtools/testing/realistic_checkpoints.py).
 """
 
 from __future__ import annotations

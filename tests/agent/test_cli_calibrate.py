@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from agent.cli import app
 from engine import LLM
-from engine.testing import checkpoints
+from engine.devtools.testing import checkpoints
 
 runner = CliRunner()
 SOURCE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n" * 30

@@ -13,12 +13,12 @@ from agent.core.clients import (
     ChatRequest,
     Completion,
     ConfigurationError,
+    ContentDelta,
     ContextOverflowError,
     HTTPClient,
-    ReasoningChunk,
+    ReasoningDelta,
     RetryPolicy,
-    TextChunk,
-    ToolCallChunk,
+    ToolCall,
     TransientError,
 )
 from agent.core.clients.http import api_root
@@ -96,10 +96,10 @@ def test_decoder_assembles_tool_calls_reasoning_and_usage():
         },
     )
     items = feed(": comment\n" + text)
-    assert items[:2] == [ReasoningChunk("hmm"), TextChunk("Hi")]
+    assert items[:2] == [ReasoningDelta("hmm"), ContentDelta("Hi")]
     assert items[2:4] == [
-        ToolCallChunk("a", "read", '{"path": "x"}'),
-        ToolCallChunk("b", "list", "{}"),
+        ToolCall("a", "read", '{"path": "x"}'),
+        ToolCall("b", "list", "{}"),
     ]
     completion = items[4]
     assert completion.finish_reason == "tool_calls" and completion.usage.cached_tokens == 8
@@ -155,7 +155,7 @@ def test_a_connection_the_server_closed_is_tried_again(error):
         return httpx.Response(200, json=ANSWER)
 
     items = asyncio.run(collect(mock_client(handler, model="m")))
-    assert len(attempts) == 2 and items[0] == TextChunk("whole")
+    assert len(attempts) == 2 and items[0] == ContentDelta("whole")
 
 
 ANSWER = {
@@ -179,7 +179,7 @@ def test_a_non_streaming_answer_is_accepted():
     }
     client = mock_client(lambda request: httpx.Response(200, json=body), model="m")
     items = asyncio.run(collect(client))
-    assert items[0] == TextChunk("whole")
+    assert items[0] == ContentDelta("whole")
     assert isinstance(items[-1], Completion) and items[-1].usage.cached_tokens is None
 
 

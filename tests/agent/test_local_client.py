@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.core.clients import ChatRequest, Completion, TextChunk, ToolCallChunk
+from agent.core.clients import ChatRequest, Completion, ContentDelta, ToolCall
 from agent.core.clients.local import LocalClient
 from engine.requests.outputs import CompletionOutput, RequestOutput
 from tests.agent.helpers import run_cli
@@ -97,10 +97,10 @@ def test_text_tool_calls_are_parsed(tokenizer):
         {"role": "user", "content": "read a.py"},
     ]
     items = asyncio.run(collect(client, ChatRequest(messages, TOOLS, pinned_messages=1)))
-    text = "".join(i.text for i in items if isinstance(i, TextChunk))
+    text = "".join(i.text for i in items if isinstance(i, ContentDelta))
     assert text == "Let me look."
-    calls = [i for i in items if isinstance(i, ToolCallChunk)]
-    assert [(c.name, c.arguments) for c in calls] == [("read", '{"path": "a.py"}')]
+    calls = [i for i in items if isinstance(i, ToolCall)]
+    assert [(c.name, c.arguments_json) for c in calls] == [("read", '{"path": "a.py"}')]
     completion = items[-1]
     assert isinstance(completion, Completion) and completion.usage.cached_tokens == 7
     prompt = tokenizer.decode(engine.prompts[0])
@@ -170,7 +170,7 @@ def test_a_second_session_restores_the_resident_prefix_from_disk(tmp_path):
     async def session():
         client = LocalClient.start(str(model), dtype="float32")
         items = await collect(client, request)
-        text = "".join(i.text for i in items if isinstance(i, TextChunk))
+        text = "".join(i.text for i in items if isinstance(i, ContentDelta))
         await client.aclose()
         return items[-1].usage.cached_tokens, text
 

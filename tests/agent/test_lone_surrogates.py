@@ -11,11 +11,11 @@ import re
 from agent.core.clients import (
     ChatRequest,
     Completion,
+    ContentDelta,
     HTTPClient,
-    ReasoningChunk,
-    TextChunk,
-    ToolCallChunk,
-    ToolCallProblem,
+    ReasoningDelta,
+    ToolCall,
+    ToolCallError,
     valid_stream,
 )
 from agent.core.events import SessionStarted, ToolResultEvent, parse_event
@@ -156,26 +156,26 @@ def _collect(*items) -> list:
 
 def test_valid_stream_mends_every_kind_of_item():
     got = _collect(
-        ReasoningChunk("think \ud83d"),
-        ReasoningChunk("\ude00"),
-        TextChunk("high at the end \ud800"),
-        ToolCallChunk(id="c\ud800", name="read\udfff", arguments='{"path": "\\udfff"}'),
-        ToolCallProblem("bad \ud800 markup"),
-        TextChunk("lone \ud800"),
+        ReasoningDelta("think \ud83d"),
+        ReasoningDelta("\ude00"),
+        ContentDelta("high at the end \ud800"),
+        ToolCall(id="c\ud800", name="read\udfff", arguments_json='{"path": "\\udfff"}'),
+        ToolCallError("bad \ud800 markup"),
+        ContentDelta("lone \ud800"),
         Completion(finish_reason="stop\ud800"),
     )
     assert got == [
-        ReasoningChunk("think "),
-        ReasoningChunk("\U0001f600"),
-        TextChunk("high at the end "),
-        TextChunk(BAD),  # held back for a low surrogate that never came
-        ToolCallChunk(id=f"c{BAD}", name=f"read{BAD}", arguments=f'{{"path": "{BAD}"}}'),
-        ToolCallProblem(f"bad {BAD} markup"),
-        TextChunk("lone "),
-        TextChunk(BAD),
+        ReasoningDelta("think "),
+        ReasoningDelta("\U0001f600"),
+        ContentDelta("high at the end "),
+        ContentDelta(BAD),  # held back for a low surrogate that never came
+        ToolCall(id=f"c{BAD}", name=f"read{BAD}", arguments_json=f'{{"path": "{BAD}"}}'),
+        ToolCallError(f"bad {BAD} markup"),
+        ContentDelta("lone "),
+        ContentDelta(BAD),
         Completion(finish_reason=f"stop{BAD}"),
     ]
-    clean = TextChunk("fine")
+    clean = ContentDelta("fine")
     assert _collect(clean)[0] is clean
 
 

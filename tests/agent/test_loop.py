@@ -229,8 +229,8 @@ def test_garbage_from_the_server_fails_cleanly(repo):
 
 
 def test_native_markup_that_fails_to_parse_is_reported_to_the_model(repo):
-    """A ToolCallProblem (local parsers) with no call: the model hears why, the loop goes on."""
-    from agent.core.clients import Completion, ToolCallProblem
+    """A ToolCallError (local parsers) with no call: the model hears why, the loop goes on."""
+    from agent.core.clients import Completion, ToolCallError
 
     async def scenario():
         with ScriptedServer([Reply("ok")]) as server:
@@ -242,7 +242,7 @@ def test_native_markup_that_fails_to_parse_is_reported_to_the_model(repo):
                 nonlocal calls
                 calls += 1
                 if calls == 1:
-                    yield ToolCallProblem("hermes: arguments are not JSON")
+                    yield ToolCallError("hermes: arguments are not JSON")
                     yield Completion("stop")
                     return
                 async for item in real_stream(request):

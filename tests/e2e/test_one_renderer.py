@@ -17,16 +17,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.core.clients import ChatRequest, ToolCallChunk
+from agent.core.clients import ChatRequest, ToolCall
 from agent.core.clients.local import LocalClient
 from engine import LLM, SamplingParams
+from engine.devtools.testing.checkpoints import make_checkpoint
 from engine.model_files.store import default_model_dir
 from engine.server.app import create_app
 from engine.server.background import BackgroundServer
 from engine.server.chat_rendering import render_chat
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.served_model import ServedModel
-from engine.testing.checkpoints import make_checkpoint
 from tests.e2e.conftest import client_for
 from tests.e2e.fixtures import SEARCH_TOOL, WEATHER_TOOL, default_model_present
 from tests.e2e.scripted_engine import Script, ScriptedEngine
@@ -200,13 +200,13 @@ def test_every_caller_reads_a_native_call_the_same_way(callers, family):
     async def run():
         return [item async for item in callers.local.stream(ChatRequest(messages, tools))]
 
-    (local_call,) = [item for item in asyncio.run(run()) if isinstance(item, ToolCallChunk)]
+    (local_call,) = [item for item in asyncio.run(run()) if isinstance(item, ToolCall)]
 
     (llm_call,) = callers.llm.render_chat(messages, tools).parse(answer).tool_calls
 
     calls = [
         (server_call.function.name, json.loads(server_call.function.arguments)),
-        (local_call.name, json.loads(local_call.arguments)),
+        (local_call.name, json.loads(local_call.arguments_json)),
         (llm_call.name, json.loads(llm_call.arguments_json)),
     ]
     assert calls == [("get_weather", {"city": "Paris"})] * 3

@@ -22,10 +22,10 @@ import torch  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from engine.kernel_check.compiler import compile_launch  # noqa: E402
-from engine.kernel_check.gpus import H200  # noqa: E402
-from engine.kernel_check.plan import record_launches  # noqa: E402
-from engine.kernel_check.verdict import make_row  # noqa: E402
+from engine.devtools.kernel_check.compiler import compile_launch  # noqa: E402
+from engine.devtools.kernel_check.gpus import H200  # noqa: E402
+from engine.devtools.kernel_check.plan import record_launches  # noqa: E402
+from engine.devtools.kernel_check.verdict import make_row  # noqa: E402
 
 SCALE = 3  # a plain module global
 

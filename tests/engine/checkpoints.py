@@ -1,6 +1,6 @@
 """Tiny random checkpoints built with transformers' own classes, saved like real ones.
 
-The builders live in `engine.testing` (other issues' tests and benchmarks use
+The builders live in `engine.devtools.testing` (other issues' tests and benchmarks use
 them too); this module keeps the names tests import, plus the transformers
 reference runs. Tests compare the engine against transformers'
 implementation on these, so the reference is independent of the code under test.
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from engine.testing.chat_templates import CHATML_TEMPLATE
-from engine.testing.checkpoints import save_model, tiny_glm4, tiny_llama, tiny_qwen2
-from engine.testing.tokenizers import CORPUS
-from engine.testing.tokenizers import save_bpe_tokenizer as save_tokenizer
+from engine.devtools.testing.chat_templates import CHATML_TEMPLATE
+from engine.devtools.testing.checkpoints import save_model, tiny_glm4, tiny_llama, tiny_qwen2
+from engine.devtools.testing.tokenizers import CORPUS
+from engine.devtools.testing.tokenizers import save_bpe_tokenizer as save_tokenizer
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 

@@ -1,6 +1,6 @@
 """Tiny Glm4Moe and DeepseekV3 (Kimi) checkpoints, in the on-disk forms real ones use.
 
-The builders and rewrites live in `engine.testing` (see its `layouts` and
+The builders and rewrites live in `engine.devtools.testing` (see its `layouts` and
 `quantized`); this module keeps the names tests import and the tolerance
 bounds the MoE tests share. Each quantized variant comes with a reference
 folder holding the dequantized weights, which transformers loads as the
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from engine.testing.checkpoints import (
+from engine.devtools.testing.checkpoints import (
     DEEPSEEK_V3,
     GLM4_MOE,
     build_deepseek_v3,
     build_glm4_moe,
 )
-from engine.testing.layouts import (
+from engine.devtools.testing.layouts import (
     as_kimi_k2,
     as_kimi_k25,
     copy_checkpoint,
@@ -25,7 +25,7 @@ from engine.testing.layouts import (
     read_tensors,
     write_config,
 )
-from engine.testing.quantized import (
+from engine.devtools.testing.quantized import (
     KIMI_INT4_IGNORE,
     as_fp8_block,
     as_int4_experts,

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from agent.cli import app
 from engine import LLM
-from engine.benchmarks.accuracy import python_text, run_accuracy, score_window
+from engine.devtools.benchmarks.accuracy import python_text, run_accuracy, score_window
 
 SMALL = dict(
     contexts=(32, 64),

@@ -11,17 +11,17 @@ from torch import nn
 from typer.testing import CliRunner
 
 from agent.cli import app
-from engine.benchmarks import family_files
-from engine.benchmarks.decode_bytes import (
+from engine.devtools.benchmarks import family_files
+from engine.devtools.benchmarks.decode_bytes import (
     Held,
     decode_bytes,
     engine_held,
     gguf_decode_bytes,
     last_level_cache_bytes,
 )
-from engine.benchmarks.families import _best, _measure, format_table
-from engine.benchmarks.families_resident import ResidentSide
-from engine.benchmarks.family_files import locate_llama_cpp, prepare_family
+from engine.devtools.benchmarks.families import _best, _measure, format_table
+from engine.devtools.benchmarks.families_resident import ResidentSide
+from engine.devtools.benchmarks.family_files import locate_llama_cpp, prepare_family
 from engine.layers.linear_methods import DenseMethod, MethodLinear
 
 

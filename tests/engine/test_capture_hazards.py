@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from engine.testing.capture_hazards import CaptureHazards, capture_hazards
+from engine.devtools.testing.capture_hazards import CaptureHazards, capture_hazards
 
 try:
     import triton.language as tl

@@ -11,10 +11,14 @@ import json
 import pytest
 
 from engine.chat.reasoning import THINK_CLOSE
+from engine.devtools.testing.chat_templates import CHATML_TEMPLATE
+from engine.devtools.testing.tokenizers import (
+    save_bpe_tokenizer,
+    save_glm_tokenizer,
+    save_kimi_tokenizer,
+)
 from engine.rendering import ChatRenderer, ChatRenderError, NoChatTemplateError
 from engine.rendering.text_tools import INSTRUCTIONS
-from engine.testing.chat_templates import CHATML_TEMPLATE
-from engine.testing.tokenizers import save_bpe_tokenizer, save_glm_tokenizer, save_kimi_tokenizer
 
 READ = {
     "type": "function",

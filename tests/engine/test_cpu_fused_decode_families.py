@@ -22,14 +22,14 @@ SEQUENCES = [[5, 17, 42, 99, 3, 250, 7, 61, 88, 130, 12], [33, 201, 4, 76] * 5]
 
 @pytest.fixture(scope="module")
 def wide_deepseek_v3(tmp_path_factory):
-    from engine.testing.checkpoints import build_deepseek_v3
+    from engine.devtools.testing.checkpoints import build_deepseek_v3
 
     return build_deepseek_v3(tmp_path_factory.mktemp("mla_step") / "deepseek_v3", **WIDE_MLA)
 
 
 @pytest.fixture(scope="module")
 def glm4_moe(tmp_path_factory):
-    from engine.testing.checkpoints import build_glm4_moe
+    from engine.devtools.testing.checkpoints import build_glm4_moe
 
     return build_glm4_moe(tmp_path_factory.mktemp("glm_step") / "glm4_moe", head_dim=32)
 

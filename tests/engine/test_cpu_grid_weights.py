@@ -224,8 +224,8 @@ def test_the_default_model_packs_whole_and_agrees_with_its_dense_weights(monkeyp
     BF16 ones (every layer keeps its weight) are two BF16 evaluations of the float32
     model: their logits must agree as such (tests/engine/agreement.py), on the packed
     run's greedy continuations, teacher-forced; token equality would be luck."""
-    import engine.execution.model_stack as engine_module
     from engine import LLM, SamplingParams
+    from engine.execution import layer_kernels, weight_packing
     from tests.engine.agreement import (
         DEFAULT_MODEL_GENERATED,
         DEFAULT_MODEL_PROMPTS,
@@ -233,7 +233,8 @@ def test_the_default_model_packs_whole_and_agrees_with_its_dense_weights(monkeyp
         teacher_forced,
     )
 
-    monkeypatch.setattr(engine_module, "cpu_kernels_unavailable", lambda: "off for this test")
+    for module in (weight_packing, layer_kernels):  # the kernel's choice, the layers' ops
+        monkeypatch.setattr(module, "cpu_kernels_unavailable", lambda: "off for this test")
     model_dir = str(default_model_dir())
     packed = LLM(model_dir, dtype="bfloat16", kv_cache_dtype="bf16")
     assert packed.engine.cpu_kernel == "bf16"

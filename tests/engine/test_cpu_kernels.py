@@ -187,11 +187,12 @@ def test_a_model_decodes_the_same_tokens_on_the_cpu_backend(tiny_llama_dir, kv, 
 
 
 def test_cpu_kernel_choice_falls_back_or_says_why(tiny_llama_dir, monkeypatch):
-    import engine.execution.model_stack as engine_module
     from engine import LLM
     from engine.errors import EngineError
+    from engine.execution import layer_kernels, weight_packing
 
-    monkeypatch.setattr(engine_module, "cpu_kernels_unavailable", lambda: "no compiler (test)")
+    for module in (weight_packing, layer_kernels):  # the kernel's choice, the layers' ops
+        monkeypatch.setattr(module, "cpu_kernels_unavailable", lambda: "no compiler (test)")
     llm = LLM(str(tiny_llama_dir), dtype="bfloat16", kv_cache_dtype="bf16")
     assert llm.engine.cpu_kernel == "bf16"  # auto: torch's kernels
     with pytest.raises(EngineError, match="--cpu-kernel int8 cannot run here: no compiler"):

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.cpu_kernels import library
+from engine.devtools.testing.realistic_checkpoints import q4_1_values, q8_0_values
 from engine.layers.cpu_grid_weights import pack_grid_weights
 from engine.layers.cpu_moe_block import MAX_ROWS, CpuMoEBlock, use_cpu_moe_blocks
 from engine.layers.cpu_moe_experts import use_cpu_moe_experts
@@ -25,7 +26,6 @@ from engine.layers.linear_methods import DENSE
 from engine.layers.moe import SparseMoE
 from engine.layers.moe_routing import RoutingConfig, route
 from engine.models.decoder import GatedMLP
-from engine.testing.realistic_checkpoints import q4_1_values, q8_0_values
 from tests.engine.conftest import count_calls
 
 pytestmark = pytest.mark.skipif(

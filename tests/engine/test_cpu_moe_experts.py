@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from engine.cpu_kernels import library
+from engine.devtools.testing.realistic_checkpoints import q4_1_values, q8_0_values
 from engine.layers.cpu_grid_weights import grid_weight_of, pack_grid_weights
 from engine.layers.cpu_matrix_path import use_matrix_path
 from engine.layers.cpu_moe_block import CpuMoEBlock
@@ -28,7 +29,6 @@ from engine.layers.linear_methods import DENSE
 from engine.layers.moe import SparseMoE
 from engine.layers.moe_routing import RoutingConfig
 from engine.models.decoder import GatedMLP
-from engine.testing.realistic_checkpoints import q4_1_values, q8_0_values
 from tests.engine.conftest import count_calls
 
 pytestmark = pytest.mark.skipif(
@@ -137,7 +137,7 @@ def test_many_tokens_on_one_expert_stay_with_the_loop_where_it_would_use_bf16_ti
 def _on_q4_1_grid(src, dst):
     """The checkpoint with every 2-D linear weight (K % 32 == 0) rounded onto the Q4_1 grid,
     saved as float32: what the engine packs as grid weights."""
-    from engine.testing.layouts import copy_checkpoint, read_tensors
+    from engine.devtools.testing.layouts import copy_checkpoint, read_tensors
 
     tensors = read_tensors(src)
     for name, tensor in tensors.items():
@@ -157,7 +157,7 @@ def test_a_model_decodes_the_same_with_the_fused_experts_on_and_off(family, tmp_
     models' next-token distributions are flat (top-two gaps of 0.003 occur), so exact
     equality of every token would be luck."""
     from engine import LLM, SamplingParams
-    from engine.testing.checkpoints import make_checkpoint
+    from engine.devtools.testing.checkpoints import make_checkpoint
 
     tiny = make_checkpoint(family, tmp_path / "float")
     path = _on_q4_1_grid(tiny.path, tmp_path / "grid")

@@ -8,9 +8,9 @@ from gguf import GGMLQuantizationType, quants
 
 from engine import LLM
 from engine.cpu_kernels.library import unavailable
+from engine.devtools.testing.checkpoints import make_checkpoint
+from engine.devtools.testing.realistic_checkpoints import put_on_grid
 from engine.layers.cpu_grid_weights import grid_weight_of
-from engine.testing.checkpoints import make_checkpoint
-from engine.testing.realistic_checkpoints import put_on_grid
 from engine.weights.grid_rounding import GRIDS
 
 PROMPT = torch.randint(3, 256, (24,), generator=torch.Generator().manual_seed(3)).tolist()

@@ -14,7 +14,7 @@ PROMPT = [5, 17, 42, 99, 3, 250, 7, 61, 88, 130, 12, 33, 301, 4, 76, 200, 9, 14,
 @pytest.fixture(scope="module")
 def fp8_llama_dir(tiny_llama_dir, tmp_path_factory):
     """The tiny Llama with every projection FP8 block-scaled (DeepSeek's layout)."""
-    from engine.testing.quantized import as_fp8_block
+    from engine.devtools.testing.quantized import as_fp8_block
 
     folder = tmp_path_factory.mktemp("fp8-llama")
     path, _ = as_fp8_block(tiny_llama_dir, folder / "model", folder / "reference", block=(16, 16))

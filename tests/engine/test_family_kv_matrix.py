@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from engine import LLM
+from engine.devtools.testing.checkpoints import make_checkpoint
+from engine.devtools.testing.realistic_checkpoints import put_on_grid
 from engine.layers.cpu_grid_weights import grid_weight_of
-from engine.testing.checkpoints import make_checkpoint
-from engine.testing.realistic_checkpoints import put_on_grid
 from tests.engine.checkpoints import reference_logits
 from tests.engine.moe_checkpoints import assert_within_quantized_bounds
 

@@ -23,17 +23,13 @@ from gguf import GGMLQuantizationType, quants
 from safetensors.torch import load_file
 
 from engine import LLM, SamplingParams
-from engine.errors import ModelError
-from engine.model_files.gguf_convert import convert_gguf, read_gguf
-from engine.model_files.gguf_models import plan_model
-from engine.model_files.model_config import load_config
-from engine.testing.checkpoints import (
+from engine.devtools.testing.checkpoints import (
     build_deepseek_v3,
     build_glm4_moe,
     tiny_glm4,
     tiny_qwen2,
 )
-from engine.testing.tokenizers import (
+from engine.devtools.testing.tokenizers import (
     CORPUS,
     GLM_EOS_TOKENS,
     GLM_VOCAB_SIZE,
@@ -44,6 +40,10 @@ from engine.testing.tokenizers import (
     save_kimi_tokenizer,
     train_byte_bpe,
 )
+from engine.errors import ModelError
+from engine.model_files.gguf_convert import convert_gguf, read_gguf
+from engine.model_files.gguf_models import plan_model
+from engine.model_files.model_config import load_config
 from engine.tokenizers.loading import load_tokenizer
 from tests.engine.checkpoints import reference_logits
 from tests.engine.test_cpu_fused_decode_families import WIDE_MLA
@@ -76,7 +76,7 @@ def save_qwen2_tokenizer(directory: Path, vocab_size: int):
     from tokenizers import normalizers
     from transformers import PreTrainedTokenizerFast
 
-    from engine.testing.chat_templates import CHATML_TEMPLATE
+    from engine.devtools.testing.chat_templates import CHATML_TEMPLATE
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = train_byte_bpe(vocab_size, QWEN2_SPLIT, special_tokens=specials, corpus=CORPUS * 3)

@@ -1,6 +1,6 @@
 """Every engine kernel compiles for Hopper (and Blackwell) here, without a GPU, and fits it.
 
-The check runs as `python -m engine.kernel_check` in a process of its own:
+The check runs as `python -m engine.devtools.kernel_check` in a process of its own:
 a process that imported Triton under TRITON_INTERPRET=1 (this one, on a
 CPU) cannot compile for a GPU. Results are cached in the user cache by
 kernel source and configuration, so only changed kernels compile again.
@@ -20,8 +20,8 @@ import pytest
 
 pytest.importorskip("triton")
 
-from engine.kernel_check.gpus import H200  # noqa: E402
-from engine.kernel_check.verdict import problems  # noqa: E402
+from engine.devtools.kernel_check.gpus import H200  # noqa: E402
+from engine.devtools.kernel_check.verdict import problems  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,7 +63,7 @@ def test_spills_fail_only_where_they_must_not_happen():
 
 def test_every_engine_kernel_compiles_for_hopper_without_spills(tmp_path):
     report_path = tmp_path / "kernels.json"
-    done = _run("engine.kernel_check", "--json", str(report_path), "--quiet")
+    done = _run("engine.devtools.kernel_check", "--json", str(report_path), "--quiet")
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(report_path.read_text())
     assert report["coverage"] == [] and not any(r["problems"] for r in report["rows"])

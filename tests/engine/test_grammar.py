@@ -16,6 +16,14 @@ import xgrammar as xgr
 
 from engine.chat.json_schema import schema_errors
 from engine.chat.tool_parsers import get_tool_parser
+from engine.devtools.testing.tokenizers import (
+    GLM_EOS_TOKENS,
+    GLM_VOCAB_SIZE,
+    glm_token_id,
+    kimi_token_id,
+    save_glm_tokenizer,
+    save_kimi_tokenizer,
+)
 from engine.errors import EngineError
 from engine.grammar import GrammarError, StructuredOutput
 from engine.grammar.backend import GrammarBackend
@@ -25,14 +33,6 @@ from engine.grammar.schema_bounds import bound_numbers
 from engine.grammar.schema_support import check_schema
 from engine.grammar.vocab import build_tokenizer_info
 from engine.requests.params import SamplingParams
-from engine.testing.tokenizers import (
-    GLM_EOS_TOKENS,
-    GLM_VOCAB_SIZE,
-    glm_token_id,
-    kimi_token_id,
-    save_glm_tokenizer,
-    save_kimi_tokenizer,
-)
 from engine.tokenizers.loading import load_tokenizer
 
 READ = {

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.kernel_check.shapes import (
+from engine.devtools.kernel_check.shapes import (
     EngineLimits,
     first_of_each,
     last_of_each,
@@ -66,8 +66,8 @@ def test_split_points_reach_every_merge_width_the_planner_gives():
 
 
 def test_verdicts_and_the_table():
-    from engine.kernel_check.gpus import H200
-    from engine.kernel_check.verdict import coverage_problems, problems, summary, table
+    from engine.devtools.kernel_check.gpus import H200
+    from engine.devtools.kernel_check.verdict import coverage_problems, problems, summary, table
 
     ok = dict(gpu="H200", sm="sm_90", kernel="_k", module="engine.gpu_kernels.fp8_block_gemm",
               config="BLOCK_M=16 warps=4", registers=80, spilled=0, shared=30720)  # fmt: skip
@@ -90,7 +90,7 @@ def test_verdicts_and_the_table():
 
 
 def test_compile_errors_are_summarized_with_the_place_and_the_fix():
-    from engine.kernel_check.compiler import summarize_error
+    from engine.devtools.kernel_check.compiler import summarize_error
 
     error = Exception(
         "at 43:32:\n    w, _ = load_weight_tile(..., INT4, ...)\n        ^\n"
@@ -111,7 +111,7 @@ PTX_SAMPLES = """
 
 
 def test_tensor_core_instructions_are_read_from_the_ptx():
-    from engine.kernel_check.compiler import tensor_core_ops
+    from engine.devtools.kernel_check.compiler import tensor_core_ops
 
     assert tensor_core_ops(PTX_SAMPLES) == [
         "mma.sync m16n8k16 f16.f16",
@@ -133,8 +133,8 @@ def test_tensor_core_instructions_are_read_from_the_ptx():
     ],
 )  # fmt: skip
 def test_fp8_dots_must_run_on_e4m3_tensor_cores(module, config, mma, fails):
-    from engine.kernel_check.gpus import H200
-    from engine.kernel_check.verdict import problems
+    from engine.devtools.kernel_check.gpus import H200
+    from engine.devtools.kernel_check.verdict import problems
 
     row = dict(module=module, config=config, mma=mma, registers=128, spilled=0, shared=1024)
     found = problems(row, H200)

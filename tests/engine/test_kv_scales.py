@@ -114,7 +114,7 @@ def test_per_head_factors_fold_into_queries_and_output(backend, lens):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from engine.testing.checkpoints import tiny_llama
+    from engine.devtools.testing.checkpoints import tiny_llama
 
     return tiny_llama(tmp_path_factory.mktemp("scales") / "llama")
 
@@ -184,7 +184,7 @@ def test_scales_file_round_trip_and_rotation_check(model_dir, tmp_path):
 
 
 def _with_checkpoint_scales(model_dir, tmp_path, k_value, v_value):
-    from engine.testing.layouts import copy_checkpoint, read_tensors
+    from engine.devtools.testing.layouts import copy_checkpoint, read_tensors
 
     tensors = read_tensors(model_dir)
     for layer in range(2):

@@ -167,7 +167,7 @@ def test_the_wrapper_refuses_what_does_not_fit():
 
 @pytest.fixture(scope="module")
 def tiny_deepseek_v3(tmp_path_factory):
-    from engine.testing.checkpoints import build_deepseek_v3
+    from engine.devtools.testing.checkpoints import build_deepseek_v3
 
     # Both layers dense: a routed MoE turns a bf16 rounding near a routing tie into a
     # different expert, which says nothing about attention.

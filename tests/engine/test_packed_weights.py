@@ -1,7 +1,7 @@
 """FP8 block-scaled and INT4 checkpoints kept in their own precision, against dequantizing them.
 
 The tiny Kimi (DeepSeek V3) and GLM-4.5 MoE checkpoints are written in the
-real layouts (engine/testing/quantized.py). Loaded packed, every quantized
+real layouts (engine/devtools/testing/quantized.py). Loaded packed, every quantized
 linear layer holds the checkpoint's bytes and multiplies by dequantizing a
 chunk of rows at a time; loaded with `keep_packed=False` the loader
 dequantizes them into dense float32 layers. Both compute from the same
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from engine.collectives import parallel
+from engine.devtools.testing.checkpoints import make_checkpoint
 from engine.layers.linear import FusedLinear, RowSlice
 from engine.layers.linear_methods import MethodLinear, describe_methods, model_weight_bytes
 from engine.layers.packed_methods import Fp8BlockMethod, is_packed_method
 from engine.models.loader import load_model
-from engine.testing.checkpoints import make_checkpoint
 from engine.weights.fp8_block_format import dequantize_fp8_block, quantize_fp8_block
 from engine.weights.int4_packed import dequantize_packed_int4, pack_int4
 from engine.weights.meta_init import materialize_parameters

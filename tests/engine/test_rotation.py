@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from engine import LLM
+from engine.devtools.testing.checkpoints import make_checkpoint
 from engine.kv.rotation import HadamardRotation, hadamard_block_size, hadamard_matrix
-from engine.testing.checkpoints import make_checkpoint
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 61, 88, 130, 12, 33, 201, 4, 76, 200, 9, 14, 15, 92, 6]
 FAMILIES = ("llama", "qwen2", "glm4", "glm4_moe", "kimi_k2")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from engine.benchmarks.served import served
-from engine.benchmarks.serving_paths import format_table, run_serving
+from engine.devtools.benchmarks.served import served
+from engine.devtools.benchmarks.serving_paths import format_table, run_serving
 
 
 def test_serving_bench_measures_every_path_and_a_peer(tiny_llama_dir):

@@ -25,8 +25,8 @@ from engine.config import (
     setting_choices,
     setting_help,
 )
-from engine.execution.model_stack import resolve_dtype, resolve_kv_dtype
-from engine.kv.dtypes import KV_DTYPES
+from engine.execution.rank_model import resolve_dtype
+from engine.kv.dtypes import KV_DTYPES, resolve_kv_dtype
 from engine.kv.pool_base import STORAGE_DTYPES
 from engine.kv.sizing import KV_DTYPE_BYTES
 from engine.model_files.store import DEFAULT_MODEL_NAME

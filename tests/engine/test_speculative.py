@@ -19,7 +19,7 @@ import random
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.testing.checkpoints import build_deepseek_v3, tiny_llama
+from engine.devtools.testing.checkpoints import build_deepseek_v3, tiny_llama
 from tests.engine.agreement import assert_greedy_agrees, assert_outputs_agree, margins_of_output
 
 REPEAT = [5, 17, 42, 99, 3, 250, 7, 61, 88, 130, 12, 33]

@@ -1,4 +1,4 @@
-"""engine.testing's tiny checkpoints: the released on-disk forms, loaded and run by the engine.
+"""engine.devtools.testing's tiny checkpoints: the released on-disk forms, loaded and run by the engine.
 
 Each generated folder is checked for the form its family ships in, then
 loaded with `LLM` exactly as a user would (tokenizer included) and compared
@@ -14,9 +14,9 @@ import torch
 from safetensors import safe_open
 
 from engine import LLM, SamplingParams
-from engine.testing import FAMILIES, make_checkpoint
-from engine.testing.layouts import INDEX_FILE, read_config
-from engine.testing.tokenizers import (
+from engine.devtools.testing import FAMILIES, make_checkpoint
+from engine.devtools.testing.layouts import INDEX_FILE, read_config
+from engine.devtools.testing.tokenizers import (
     GLM_EOS_TOKENS,
     KIMI_VOCAB_SIZE,
     glm_token_id,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.benchmarks.throughput import format_table, run_throughput
+from engine.devtools.benchmarks.throughput import format_table, run_throughput
 from engine.model_files.store import default_model_dir, is_complete
 
 

@@ -14,9 +14,8 @@ import jinja2
 import pytest
 
 from engine.chat.tool_parsers import Glm45ToolParser, KimiK2ToolParser, detect_tool_parser
-from engine.errors import CheckpointError
-from engine.testing.chat_templates import GLM45_TEMPLATE, KIMI_K2_TEMPLATE
-from engine.testing.tokenizers import (
+from engine.devtools.testing.chat_templates import GLM45_TEMPLATE, KIMI_K2_TEMPLATE
+from engine.devtools.testing.tokenizers import (
     KIMI_NUM_RANKS,
     KIMI_PATTERN,
     KIMI_VOCAB_SIZE,
@@ -27,6 +26,7 @@ from engine.testing.tokenizers import (
     save_kimi_tokenizer,
     train_byte_bpe,
 )
+from engine.errors import CheckpointError
 from engine.tokenizers import KimiTokenizer
 from engine.tokenizers.byte_pieces import piece_to_bytes
 from engine.tokenizers.detokenizer import IncrementalDetokenizer

@@ -18,7 +18,7 @@ class NoTriton(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, NoTriton())
 from pathlib import Path
 from engine import LLM, SamplingParams
-from engine.testing.checkpoints import tiny_llama
+from engine.devtools.testing.checkpoints import tiny_llama
 
 path = tiny_llama(Path(sys.argv[1]) / "llama")
 llm = LLM(str(path), dtype="float32", kv_memory=0.01)

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from agent.core.clients import ToolCallChunk
+from agent.core import clients
 from agent.core.events import EventEmitter
 from agent.core.tool_runner import ApprovalAnswer, ApprovalRequest, ToolRunner
 from tests.tools.conftest import commit_all, git
@@ -37,7 +37,8 @@ from tools import default_registry
 from tools.base import Registry, ToolResult
 from tools.context import ToolContext, ToolLimits
 from tools.permissions.policy import ApprovalMode, PermissionPolicy
-from tools.sandbox.bubblewrap import Sandbox, SandboxSettings, SandboxUnavailable, detect_sandbox
+from tools.sandbox.bubblewrap import Sandbox, SandboxUnavailable, detect_sandbox
+from tools.sandbox.grants import SandboxSettings
 from tools.shell.tool import ShellTool
 
 ROOT = os.geteuid() == 0
@@ -221,7 +222,9 @@ def run_calls(scene: Scene, config: Config, attack: Attack, sandbox: Sandbox | N
     calls = []
     for index, (tool, arguments) in enumerate(attack.calls()):
         arguments = {k: scene.fmt(v) if isinstance(v, str) else v for k, v in arguments.items()}
-        chunk = ToolCallChunk(id=f"call-{index}", name=tool, arguments=json.dumps(arguments))
+        chunk = clients.ToolCall(
+            id=f"call-{index}", name=tool, arguments_json=json.dumps(arguments)
+        )
         seen, started, asked_before = len(events), time.monotonic(), len(requests)
         result = asyncio.run(runner.run(chunk, history_length=0)).result
         asked = any(e.type == "approval_requested" for e in events[seen:])

@@ -12,7 +12,8 @@ import pytest
 from tools import ToolContext, default_registry
 from tools.base import Effect, ToolAccess
 from tools.permissions.policy import ApprovalMode, PermissionPolicy, Verdict
-from tools.sandbox.bubblewrap import SandboxGrant, SandboxUnavailable, detect_sandbox
+from tools.sandbox.bubblewrap import SandboxUnavailable, detect_sandbox
+from tools.sandbox.grants import SandboxGrant
 from tools.workspace.protected import find_state_dirs
 
 MODES = list(ApprovalMode)

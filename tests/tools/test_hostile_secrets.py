@@ -31,7 +31,7 @@ from tests.tools.hostile_harness import (
     require_sandbox,
     run_attack,
 )
-from tools.sandbox.bubblewrap import SandboxSettings
+from tools.sandbox.grants import SandboxSettings
 
 
 def _sentinel(scene: Scene) -> None:

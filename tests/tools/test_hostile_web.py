@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from agent.core.clients import ToolCallChunk
+from agent.core.clients import ToolCall
 from agent.core.events import EventEmitter
 from agent.core.tool_runner import ApprovalAnswer, ToolRunner
 from tests.tools.web_network import PUBLIC_DOWN, PUBLIC_UP, FakeInternet
@@ -61,7 +61,7 @@ def fetch(workspace, config, url, *, allow=(), deny=(), network=False) -> tuple[
         EventEmitter([events.append]),
         yes if approver == "yes" else None,
     )
-    chunk = ToolCallChunk(id="call-0", name="web_fetch", arguments=json.dumps({"url": url}))
+    chunk = ToolCall(id="call-0", name="web_fetch", arguments_json=json.dumps({"url": url}))
     result = asyncio.run(runner.run(chunk, history_length=0)).result
     return result, any(e.type == "approval_requested" for e in events)
 

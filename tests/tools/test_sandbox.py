@@ -10,14 +10,8 @@ from pathlib import Path
 import pytest
 
 from tools import ToolContext, ToolLimits, default_registry
-from tools.sandbox.bubblewrap import (
-    READ_ONLY,
-    Sandbox,
-    SandboxGrant,
-    SandboxSettings,
-    SandboxUnavailable,
-    detect_sandbox,
-)
+from tools.sandbox.bubblewrap import Sandbox, SandboxUnavailable, detect_sandbox
+from tools.sandbox.grants import READ_ONLY, SandboxGrant, SandboxSettings
 from tools.sandbox.mounts import git_dirs, secret_files, toolchain_dirs
 
 WRITE = SandboxGrant(write=True)
@@ -181,7 +175,7 @@ SHORT_COMMANDS = """
 import sys
 from pathlib import Path
 from tools import ToolContext, default_registry
-from tools.sandbox.bubblewrap import READ_ONLY
+from tools.sandbox.grants import READ_ONLY
 
 ctx = ToolContext(workspace=Path.cwd())
 for _ in range(200):

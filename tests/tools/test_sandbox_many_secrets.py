@@ -11,13 +11,8 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from tools import ToolContext, ToolLimits, default_registry
-from tools.sandbox.bubblewrap import (
-    READ_ONLY,
-    Sandbox,
-    SandboxGrant,
-    SandboxUnavailable,
-    detect_sandbox,
-)
+from tools.sandbox.bubblewrap import Sandbox, SandboxUnavailable, detect_sandbox
+from tools.sandbox.grants import READ_ONLY, SandboxGrant
 from tools.sandbox.mask_budget import (
     BWRAP_MAX_ARGS,
     MASK_PATH_BUDGET,

@@ -20,7 +20,7 @@ from tools.process.environment import is_secret_variable
 from tools.process.limits import process_cap_mechanism
 from tools.process.output_cap import HeadTailBuffer
 from tools.process.run import process_limit, user_task_count
-from tools.sandbox.bubblewrap import SandboxSettings
+from tools.sandbox.grants import SandboxSettings
 
 
 def _gone(pid: int, within: float = 3.0) -> bool:

@@ -13,7 +13,7 @@ import pytest
 from tests.tools.web_network import PUBLIC_DOWN, PUBLIC_UP, FakeInternet
 from tests.tools.web_server import JSON_BODY, PageServer
 from tools import Registry
-from tools.sandbox.bubblewrap import READ_ONLY, SandboxGrant
+from tools.sandbox.grants import READ_ONLY, SandboxGrant
 from tools.web.addresses import FetchGrant
 from tools.web.fetch import FetchLimits
 from tools.web.tool import WebFetchTool

@@ -34,7 +34,7 @@ from tools.git.repo import (
 from tools.process.environment import command_environment
 from tools.process.limits import Limits
 from tools.process.run import ProcessOutcome, run_process
-from tools.sandbox.bubblewrap import SandboxGrant
+from tools.sandbox.grants import SandboxGrant
 from tools.workspace.bounded_read import read_bounded
 
 

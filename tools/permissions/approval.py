@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass
 from enum import Enum
 
-from tools.sandbox.bubblewrap import READ_ONLY, SandboxGrant
+from tools.sandbox.grants import READ_ONLY, SandboxGrant
 from tools.workspace.ignore import IgnoreMatcher, parse_rule
 from tools.workspace.paths import ResolvedPath
 

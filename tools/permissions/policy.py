@@ -54,7 +54,7 @@ from tools.permissions.approval import ApprovalMode, Decision, Rule, Verdict
 from tools.permissions.config_zone import judge_zones
 from tools.permissions.shell_rules import DANGEROUS_ASSIGNMENT, ShellJudgement, prefix_matches
 from tools.permissions.web_rules import judge_fetch
-from tools.sandbox.bubblewrap import READ_ONLY
+from tools.sandbox.grants import READ_ONLY
 from tools.shell.parse import CommandAnalysis, analyze
 from tools.workspace.paths import PathError, ResolvedPath, resolve_path, sensitivity
 from tools.workspace.protected import StateDir, find_state_dirs

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tools.permissions.approval import ApprovalMode, Rule
-from tools.sandbox.bubblewrap import SandboxGrant
+from tools.sandbox.grants import SandboxGrant
 from tools.shell.normalize import Layer, allow_covers, deny_hits, deny_prefixes, reduce_command
 from tools.shell.parse import CommandAnalysis, SimpleCommand
 from tools.shell.readonly import path_operands, read_only_problem

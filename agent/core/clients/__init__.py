@@ -1,8 +1,11 @@
 """The one module through which the agent reaches a model (DESIGN.md §1).
 
 `LocalClient` drives the in-process engine, `HTTPClient` any OpenAI-compatible
-server; both speak `LLMClient`, and the agent reads every stream through
-`valid_stream` (valid Unicode, whatever a client sends). The engine itself is
+server; both speak `LLMClient` and stream the engine's words for model output
+(`ContentDelta`, `ReasoningDelta`, `ToolCall`, `ToolCallError`: base.py maps
+them to the agent's events), and the agent reads every stream through
+`valid_stream` (valid Unicode, whatever a client sends). Of the engine, attach
+mode loads only that pure-Python vocabulary (engine/chat); the engine itself is
 imported only when a local client is made, so attach mode never loads torch.
 """
 
@@ -13,16 +16,16 @@ from agent.core.clients.base import (
     ClientError,
     Completion,
     ConfigurationError,
+    ContentDelta,
     ContextOverflowError,
     EngineFailure,
     LLMClient,
-    ReasoningChunk,
+    ReasoningDelta,
     RequestRejected,
     StreamItem,
-    TextChunk,
     TokenUsage,
-    ToolCallChunk,
-    ToolCallProblem,
+    ToolCall,
+    ToolCallError,
     TransientError,
     estimate_tokens,
 )
@@ -30,9 +33,9 @@ from agent.core.clients.http import HTTPClient, RetryPolicy
 from agent.core.clients.valid_stream import valid_stream
 
 
-def start_local_client(model: str, **engine_config) -> LLMClient:
-    """A LocalClient with its own engine for `model`; raises the engine's errors
-    (a missing model names `resident models pull`)."""
+def start_local_client(model: str | None = None, **engine_config) -> LLMClient:
+    """A LocalClient with its own engine for `model` (None: the engine's default model);
+    raises the engine's errors (a missing model names `resident models pull`)."""
     from agent.core.clients.local import LocalClient
 
     return LocalClient.start(model, **engine_config)
@@ -49,14 +52,14 @@ __all__ = [
     "EngineFailure",
     "HTTPClient",
     "LLMClient",
-    "ReasoningChunk",
+    "ContentDelta",
+    "ReasoningDelta",
     "RequestRejected",
     "RetryPolicy",
     "StreamItem",
-    "TextChunk",
     "TokenUsage",
-    "ToolCallChunk",
-    "ToolCallProblem",
+    "ToolCall",
+    "ToolCallError",
     "TransientError",
     "estimate_tokens",
     "start_local_client",

@@ -2,10 +2,10 @@
 
 A client takes a chat request (OpenAI-shaped messages plus tool schemas) and
 streams back what the model produced, already split into text, reasoning and
-complete tool calls, and ends with a `Completion` carrying the usage. Two
-implementations: `LocalClient` over the in-process engine and `HTTPClient`
-for any OpenAI-compatible server. The agent imports nothing else from the
-engine side.
+complete tool calls (in the engine's words for them, below), and ends with a
+`Completion` carrying the usage. Two implementations: `LocalClient` over the
+in-process engine and `HTTPClient` for any OpenAI-compatible server. The agent
+imports nothing else from the engine side.
 
 Errors are typed by what the user should do about them, and each carries the
 exit code headless runs end with (DESIGN.md §2).
@@ -18,6 +18,8 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from engine.chat.events import ContentDelta, ReasoningDelta, ToolCall, ToolCallError
 
 # -- requests ------------------------------------------------------------------
 
@@ -34,32 +36,27 @@ class ChatRequest:
 
 
 # -- what a stream yields ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TextChunk:
-    text: str
-
-
-@dataclass(frozen=True)
-class ReasoningChunk:
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallChunk:
-    """A complete tool call as the model sent it; `arguments` is unvalidated text."""
-
-    id: str
-    name: str
-    arguments: str
-
-
-@dataclass(frozen=True)
-class ToolCallProblem:
-    """The model wrote tool-call markup that could not be parsed into a call."""
-
-    message: str
+#
+# Streamed model output has one vocabulary from the engine to the front ends: the
+# engine's (engine/chat/events.py). A client yields its pieces, with a tool call
+# only once complete, and ends with a `Completion`; the loop turns each into the
+# agent's event (agent/core/loop.py, `_generate`), which front ends and journals
+# see as JSON. The whole mapping, in one place:
+#
+#   model output    engine parsers      client stream     agent event (JSON `type`)
+#   answer text     ContentDelta        ContentDelta      TextDelta ("text_delta")
+#   thinking text   ReasoningDelta      ReasoningDelta    ReasoningDeltaEvent ("reasoning_delta")
+#   a tool call     ToolCallDelta...    ToolCall          ToolCallEvent ("tool_call")
+#                   ToolCallEnd         (when complete)
+#   bad call markup ToolCallError       ToolCallError     ErrorEvent ("error", kind
+#                                                         "tool_call") and a note to the
+#                                                         model, when no call came with it
+#   the end         (finish reason)     Completion        Usage, TurnCompleted
+#
+# The HTTP client reads an OpenAI stream into the same items: `delta.content`,
+# `reasoning_content` (or `reasoning`) and `tool_calls` (agent/core/clients/sse.py).
+# A ToolCallError from a client names no call (`index` None): the client yields
+# calls only once complete, so none it announced can be voided.
 
 
 @dataclass(frozen=True)
@@ -75,7 +72,7 @@ class Completion:
     usage: TokenUsage | None = None
 
 
-StreamItem = TextChunk | ReasoningChunk | ToolCallChunk | ToolCallProblem | Completion
+StreamItem = ContentDelta | ReasoningDelta | ToolCall | ToolCallError | Completion
 
 
 # -- errors --------------------------------------------------------------------

@@ -27,17 +27,21 @@ from agent.core.clients.base import (
     ContextOverflowError,
     EngineFailure,
     LLMClient,
-    ReasoningChunk,
     StreamItem,
-    TextChunk,
     TokenUsage,
-    ToolCallChunk,
-    ToolCallProblem,
     TransientError,
 )
+from agent.core.clients.engine_profile import LOCAL_DEFAULT_MODEL, local_engine_settings
 from agent.core.clients.structured import tool_call_constraint
 from agent.core.valid_unicode import valid_json
-from engine.chat import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallEnd, ToolCallError
+from engine.chat import (
+    ContentDelta,
+    ReasoningDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallError,
+)
 from engine.errors import EngineError, EngineOverloadedError, PromptTooLongError
 from engine.rendering import ChatRenderer, ChatRenderError, RenderedChat
 from engine.requests.params import SamplingParams
@@ -46,21 +50,17 @@ log = logging.getLogger(__name__)
 
 
 def start_engine(model: str, **config: Any) -> Any:
-    """An AsyncEngine for `model` (a name, a model folder or a .gguf file)."""
+    """An AsyncEngine for `model` (a name, a model folder or a .gguf file), with the
+    settings the agent chooses (engine_profile.py says which, and why) unless `config`
+    gives others."""
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
 
     # Not AsyncEngine.open: the agent's first request is its system prompt and the
     # resident repository, thousands of tokens, so FP8 scales set from that first
     # prefill are sound, and start-up stays a few seconds shorter.
-    # The disk tier on: the next session on the same repository state restores the
-    # resident prefix's KV instead of prefilling it.
-    config.setdefault("kv_disk", True)
-    # Prompt-lookup speculation on by default: the agent decodes greedily, and what it
-    # writes (edited files, functions with a line changed) is mostly already in its
-    # context; outputs are the same as without it (engine/speculative).
-    config.setdefault("speculative", "prompt_lookup")
-    return AsyncEngine(EngineConfig(model=model, **config))
+    settings = {**local_engine_settings(), **config}
+    return AsyncEngine(EngineConfig(model=model, **settings))
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -90,7 +90,9 @@ class LocalClient(LLMClient):
         self._window: int | None = None
 
     @classmethod
-    def start(cls, model: str, **config: Any) -> LocalClient:
+    def start(cls, model: str | None = None, **config: Any) -> LocalClient:
+        """A client with its own engine for `model`; None: the engine's default model."""
+        model = model or LOCAL_DEFAULT_MODEL
         try:
             engine = start_engine(model, **config)
         except EngineError as err:  # e.g. a model not pulled yet: the message says how
@@ -103,6 +105,11 @@ class LocalClient(LLMClient):
 
     def describe(self) -> str:
         return f"{self.model} (local engine)"
+
+    def engine_settings(self) -> dict[str, Any]:
+        """The settings the engine runs with, as a server's /v1/engine/stats gives them."""
+        config = getattr(getattr(self.engine, "engine", None), "config", None)
+        return config.model_dump(mode="json") if config is not None else {}
 
     def count_tokens(self, text: str) -> int:
         return len(self.renderer.encode(text))
@@ -235,11 +242,10 @@ class LocalClient(LLMClient):
 
 
 def _translate(event: Any, pending: dict[int, list[Any]]) -> list[StreamItem]:
-    """Engine chat events as client stream items; tool calls only once complete."""
-    if isinstance(event, ContentDelta):
-        return [TextChunk(event.text)] if event.text else []
-    if isinstance(event, ReasoningDelta):
-        return [ReasoningChunk(event.text)] if event.text else []
+    """Engine chat events as client stream items: the same words (base.py), with a
+    tool call's pieces held back until it is complete."""
+    if isinstance(event, ContentDelta | ReasoningDelta):
+        return [event] if event.text else []
     if isinstance(event, ToolCallDelta):
         if event.id is not None:
             pending[event.index] = [event.id, event.name or "", [event.arguments]]
@@ -250,9 +256,9 @@ def _translate(event: Any, pending: dict[int, list[Any]]) -> list[StreamItem]:
         call = pending.pop(event.index, None)
         if call is None:
             return []
-        return [ToolCallChunk(id=call[0], name=call[1], arguments="".join(call[2]))]
+        return [ToolCall(id=call[0], name=call[1], arguments_json="".join(call[2]))]
     if isinstance(event, ToolCallError):
         if event.index is not None:
             pending.pop(event.index, None)
-        return [ToolCallProblem(event.message)]
+        return [ToolCallError(event.message)]  # names no call: none was yielded
     return []

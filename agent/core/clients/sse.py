@@ -17,12 +17,12 @@ from agent.core.clients.base import (
     BadResponseError,
     ClientError,
     Completion,
+    ContentDelta,
     ContextOverflowError,
-    ReasoningChunk,
+    ReasoningDelta,
     StreamItem,
-    TextChunk,
     TokenUsage,
-    ToolCallChunk,
+    ToolCall,
     TransientError,
 )
 
@@ -130,10 +130,10 @@ class ChatStreamDecoder:
         items: list[StreamItem] = []
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if isinstance(reasoning, str) and reasoning:
-            items.append(ReasoningChunk(reasoning))
+            items.append(ReasoningDelta(reasoning))
         content = delta.get("content")
         if isinstance(content, str) and content:
-            items.append(TextChunk(content))
+            items.append(ContentDelta(content))
         for position, call in enumerate(delta.get("tool_calls") or []):
             if not isinstance(call, dict):
                 continue
@@ -162,10 +162,10 @@ class ChatStreamDecoder:
         for index in sorted(self.calls):
             call = self.calls[index]
             items.append(
-                ToolCallChunk(
+                ToolCall(
                     id=call.id or f"{fallback_id}_{index}",
                     name=call.name,
-                    arguments="".join(call.arguments),
+                    arguments_json="".join(call.arguments),
                 )
             )
         reason = self.finish_reason or ("tool_calls" if self.calls else "stop")

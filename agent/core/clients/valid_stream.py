@@ -18,11 +18,11 @@ from collections.abc import AsyncIterator
 
 from agent.core.clients.base import (
     Completion,
-    ReasoningChunk,
+    ContentDelta,
+    ReasoningDelta,
     StreamItem,
-    TextChunk,
-    ToolCallChunk,
-    ToolCallProblem,
+    ToolCall,
+    ToolCallError,
 )
 from agent.core.valid_unicode import (
     REPLACEMENT,
@@ -35,10 +35,10 @@ from agent.core.valid_unicode import (
 async def valid_stream(items: AsyncIterator[StreamItem]) -> AsyncIterator[StreamItem]:
     """`items` with all their text valid Unicode. Closing this stream closes `items`
     (the request is aborted, as when `items` is closed itself)."""
-    held: TextChunk | ReasoningChunk | None = None  # a chunk's trailing high surrogate
+    held: ContentDelta | ReasoningDelta | None = None  # a chunk's trailing high surrogate
     try:
         async for item in items:
-            if isinstance(item, TextChunk | ReasoningChunk):
+            if isinstance(item, ContentDelta | ReasoningDelta):
                 text = item.text
                 if held is not None and type(held) is type(item):
                     text, held = held.text + text, None
@@ -66,16 +66,16 @@ async def valid_stream(items: AsyncIterator[StreamItem]) -> AsyncIterator[Stream
 
 def mended(item: StreamItem) -> StreamItem:
     """One stream item with its text valid Unicode; the item itself when it was."""
-    if isinstance(item, TextChunk | ReasoningChunk):
+    if isinstance(item, ContentDelta | ReasoningDelta):
         text = valid_text(item.text)
         return item if text is item.text else type(item)(text)
-    if isinstance(item, ToolCallChunk):
+    if isinstance(item, ToolCall):
         fields = {
             "id": valid_text(item.id),
             "name": valid_text(item.name),
-            "arguments": valid_arguments(item.arguments),
+            "arguments_json": valid_arguments(item.arguments_json),
         }
-    elif isinstance(item, ToolCallProblem):
+    elif isinstance(item, ToolCallError):
         fields = {"message": valid_text(item.message)}
     elif isinstance(item, Completion):
         fields = {"finish_reason": valid_text(item.finish_reason)}

@@ -38,7 +38,7 @@ from agent.core.hooks.runner import Confinement, HookResult, run_hook
 from agent.core.hooks.scripts import ScriptGuard
 from agent.core.valid_unicode import json_text
 from tools import ApprovalMode, ToolResult
-from tools.sandbox.bubblewrap import Sandbox, SandboxGrant, SandboxSettings
+from tools.sandbox.grants import CommandSandbox, SandboxGrant, SandboxSettings
 
 MAX_STOP_CONTINUATIONS = 3  # per task: a stop hook cannot keep a task going forever
 CONTEXT_LIMIT = 8_000  # characters one hook may add for the model
@@ -135,7 +135,7 @@ class Hooks:
         session_id: str,
         emit: Callable[[Event], Any],
         approval: Callable[[], ApprovalMode],
-        sandbox: Sandbox | None = None,
+        sandbox: CommandSandbox | None = None,
         settings: SandboxSettings | None = None,
         cancel: threading.Event | None = None,
         notices: Sequence[Notice] = (),

@@ -32,7 +32,7 @@ from agent.core.hooks.config import Hook
 from tools.process.environment import command_environment
 from tools.process.group import leader_exited, read_available, signal_group
 from tools.process.output_cap import HeadTailBuffer
-from tools.sandbox.bubblewrap import Sandbox, SandboxError, SandboxGrant, SandboxSettings
+from tools.sandbox.grants import CommandSandbox, SandboxError, SandboxGrant, SandboxSettings
 
 OUTPUT_LIMIT = 16 * 1024  # bytes kept of stdout, and of stderr
 KILL_GRACE_S = 1.0
@@ -59,7 +59,7 @@ class HookResult:
 class Confinement:
     """How a hook runs: unconfined (the user's own), or in the sandbox with a grant."""
 
-    sandbox: Sandbox | None = None
+    sandbox: CommandSandbox | None = None
     grant: SandboxGrant = SandboxGrant()
     settings: SandboxSettings = SandboxSettings()
 

@@ -37,7 +37,7 @@ from agent.core.mcp.config import ServerConfig
 from agent.core.mcp.launch import LaunchRefused, open_transport, sandbox_label
 from agent.core.mcp.names import tool_name
 from agent.core.mcp.status import OfferedTool, ServerStatus, State
-from tools.sandbox.bubblewrap import Sandbox, SandboxSettings
+from tools.sandbox.grants import CommandSandbox, SandboxSettings
 
 if sys.version_info >= (3, 11):
     from builtins import BaseExceptionGroup
@@ -115,7 +115,7 @@ class ServerConnection:
         self,
         config: ServerConfig,
         workspace: Path,
-        sandbox: Sandbox | None,
+        sandbox: CommandSandbox | None,
         settings: SandboxSettings,
         reserved: set[str],
         on_change: Callable[[ServerStatus], None],

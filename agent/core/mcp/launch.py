@@ -49,13 +49,8 @@ from agent.core.mcp.program_paths import ProgramPaths, ProgramRefused, program_p
 from agent.core.mcp.trust import TRUST_COMMAND
 from agent.core.repository_trust import recheck
 from tools.process.environment import command_environment
-from tools.sandbox.bubblewrap import (
-    Sandbox,
-    SandboxError,
-    SandboxGrant,
-    SandboxSettings,
-    interpreter_prefixes,
-)
+from tools.sandbox.bubblewrap import interpreter_prefixes
+from tools.sandbox.grants import CommandSandbox, SandboxError, SandboxGrant, SandboxSettings
 from tools.sandbox.mounts import toolchain_dirs
 
 HTTP_TIMEOUT_S = 30.0
@@ -67,7 +62,7 @@ class LaunchRefused(Exception):
 
 
 def sandbox_label(
-    config: ServerConfig, sandbox: Sandbox | None, settings: SandboxSettings | None = None
+    config: ServerConfig, sandbox: CommandSandbox | None, settings: SandboxSettings | None = None
 ) -> str:
     if config.transport == "http":
         return "none (a remote server)"
@@ -81,7 +76,7 @@ def sandbox_label(
 def stdio_parameters(
     config: ServerConfig,
     workspace: Path,
-    sandbox: Sandbox | None,
+    sandbox: CommandSandbox | None,
     settings: SandboxSettings,
     base_env: dict[str, str] | None = None,
 ) -> StdioServerParameters:
@@ -223,7 +218,7 @@ async def _http(config: ServerConfig) -> AsyncIterator[Any]:
 def open_transport(
     config: ServerConfig,
     workspace: Path,
-    sandbox: Sandbox | None,
+    sandbox: CommandSandbox | None,
     settings: SandboxSettings,
     errlog: IO[str],
     on_end: Callable[[], None],

@@ -34,7 +34,7 @@ import mcp_types as types
 from agent.core.mcp.config import McpConfig
 from agent.core.mcp.connection import CallFailed, ServerConnection
 from agent.core.mcp.status import ServerStatus, State
-from tools.sandbox.bubblewrap import Sandbox, SandboxSettings
+from tools.sandbox.grants import CommandSandbox, SandboxSettings
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class McpManager:
         self,
         config: McpConfig,
         workspace: Path,
-        sandbox: Sandbox | None = None,
+        sandbox: CommandSandbox | None = None,
         settings: SandboxSettings | None = None,
         reserved: Iterable[str] = (),
         on_change: StatusListener | None = None,

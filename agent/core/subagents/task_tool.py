@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from agent.core.subagents.arguments import TaskArgs
 from agent.core.subagents.child import run_child
 from tools import Arguments, Effect, Tool, ToolAccess, ToolCall, ToolContext, ToolResult
-from tools.sandbox.bubblewrap import SandboxGrant
+from tools.sandbox.grants import SandboxGrant
 
 if TYPE_CHECKING:
     from agent.core.loop import Agent

@@ -26,7 +26,7 @@ from agent.core.events import (
     HookRun,
     McpServer,
     PlanProposed,
-    ReasoningDelta,
+    ReasoningDeltaEvent,
     SessionCompleted,
     SessionStarted,
     SubagentCompleted,
@@ -93,7 +93,7 @@ def coalesce(events: list[Event]) -> list[Event]:
     out: list[Event] = []
     for event in events:
         last = out[-1] if out else None
-        if isinstance(event, TextDelta | ReasoningDelta) and type(last) is type(event):
+        if isinstance(event, TextDelta | ReasoningDeltaEvent) and type(last) is type(event):
             out[-1] = event.model_copy(update={"text": last.text + event.text})  # type: ignore[union-attr]
         else:
             out.append(event)
@@ -251,7 +251,7 @@ class ConversationView(VerticalScroll):
                 await self.note_interrupted(group)
             elif isinstance(event, TurnCompleted) and event.finish_reason == "length":
                 await self._add(group, Note("The answer hit the token limit.", "warning"))
-        elif isinstance(event, ReasoningDelta):
+        elif isinstance(event, ReasoningDeltaEvent):
             if group.reasoning is None:
                 group.reasoning = ReasoningBlock(collapsed=not live)
                 await self._add(group, group.reasoning)

@@ -19,7 +19,7 @@ from agent.core.engine_facts import EngineFacts
 from agent.core.events import (
     ContextSnapshot,
     Event,
-    ReasoningDelta,
+    ReasoningDeltaEvent,
     SessionStarted,
     TextDelta,
     TurnStarted,
@@ -90,7 +90,7 @@ class StatusBar(Static):
         elif isinstance(event, TurnStarted):
             self._in_turn, self._first_delta = True, None
             return
-        elif isinstance(event, TextDelta | ReasoningDelta):
+        elif isinstance(event, TextDelta | ReasoningDeltaEvent):
             if self._in_turn and self._first_delta is None:
                 self._first_delta = self.clock()
             return

@@ -20,7 +20,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 _TRUE = ("1", "true", "on", "yes")
 # The Triton releases every kernel here (and in engine/gpu_kernels) was compiled
-# with for sm_90 by `python -m engine.kernel_check` without a problem: 3.5, 3.6,
+# with for sm_90 by `python -m engine.devtools.kernel_check` without a problem: 3.5, 3.6,
 # 3.8 and 3.9. Triton 3.4 and older were never checked (the check itself needs
 # 3.5's launch binder), so the engine refuses them at start rather than meet a
 # compile error in the middle of a request.

@@ -74,7 +74,7 @@ class TritonAttentionBackend:
         if triton_untested():
             log.warning(
                 "Triton %s is newer than any the kernels were compile-checked with; "
-                "python -m engine.kernel_check checks this one",
+                "python -m engine.devtools.kernel_check checks this one",
                 ".".join(map(str, triton_version() or ())),
             )
         # With a fallback ("auto"), tensors the kernels cannot run on (CPU

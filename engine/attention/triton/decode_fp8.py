@@ -11,10 +11,10 @@ operands, converting every e4m3 byte first. Here the products are swapped:
 
 so the context positions (64 a tile) and the head dimension are the rows,
 and sm_90 runs both as `wgmma ... m64n16k32 .e4m3.e4m3` straight from the
-stored bytes (checked in the compiled PTX; engine/kernel_check compiles every
+stored bytes (checked in the compiled PTX; engine/devtools/kernel_check compiles every
 configuration). The query is quantized once per program, each head with its
 own scale (largest magnitude -> 448), and the softmax weights are rounded to
-e4m3 times P_FP8_SCALE for the PV dot; engine.testing.fp8_decode_bound
+e4m3 times P_FP8_SCALE for the PV dot; engine.devtools.testing.fp8_decode_bound
 derives the error this adds and the tests hold the kernel to it.
 
 This module holds the loop; decode.py's kernel runs it when FP8_DOT is set,

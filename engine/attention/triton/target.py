@@ -2,7 +2,7 @@
 
 Launchers choose tiles, dot dtypes and split counts from the GPU they run
 on (its compute capability and SM count). The compile check
-(engine/kernel_check) runs the same launchers on meta tensors, which have
+(engine/devtools/kernel_check) runs the same launchers on meta tensors, which have
 no GPU, inside `planning_for(...)`: there a meta tensor stands for a tensor
 on the named GPU, so the check compiles exactly what a launch on that GPU
 would, from the launchers' own code rather than a copy of their choices.

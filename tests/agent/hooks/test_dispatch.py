@@ -10,7 +10,8 @@ from agent.core.hooks.config import Hook
 from agent.core.hooks.dispatch import Hooks
 from tests.agent.hooks.helpers import user_hooks
 from tools import ApprovalMode, ToolContext
-from tools.sandbox.bubblewrap import Sandbox, SandboxSettings
+from tools.sandbox.bubblewrap import Sandbox
+from tools.sandbox.grants import SandboxSettings
 
 
 def hook(event: str, source: str = "user") -> Hook:

@@ -11,7 +11,8 @@ from agent.core.mcp.config import load_config, mcp_trust
 from agent.core.mcp.launch import LaunchRefused, sandbox_label, stdio_parameters
 from agent.core.mcp.trust import server_coverage
 from tests.agent.mcp.helpers import write_config
-from tools.sandbox.bubblewrap import Sandbox, SandboxSettings
+from tools.sandbox.bubblewrap import Sandbox
+from tools.sandbox.grants import SandboxSettings
 
 ENV = {"GITHUB_TOKEN": "ghp_secret", "PLAIN": "plain", "HOME": "/home/u", "PATH": "/usr/bin"}
 

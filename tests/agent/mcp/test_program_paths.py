@@ -21,7 +21,8 @@ from agent.core.mcp.config import load_config
 from agent.core.mcp.launch import LaunchRefused, stdio_parameters
 from agent.core.mcp.program_paths import ProgramPaths, ProgramRefused, program_paths
 from tests.agent.mcp.helpers import DEMO, sandbox_for, write_config, write_user_config
-from tools.sandbox.bubblewrap import Sandbox, SandboxSettings
+from tools.sandbox.bubblewrap import Sandbox
+from tools.sandbox.grants import SandboxSettings
 
 
 def executable(path: Path, text: str) -> Path:

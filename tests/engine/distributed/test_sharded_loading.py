@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from engine.collectives import parallel
+from engine.devtools.testing.checkpoints import build_glm4_moe, tiny_llama
 from engine.errors import EngineError
 from engine.models.loader import checkpoint_files, load_model
-from engine.testing.checkpoints import build_glm4_moe, tiny_llama
 
 
 def _checkpoint(folder) -> dict[str, torch.Tensor]:

@@ -13,8 +13,8 @@ import torch
 from engine import LLM, SamplingParams
 from engine.cpu_kernels import layer_ops as kernels
 from engine.cpu_kernels.library import unavailable
+from engine.devtools.testing.checkpoints import tiny_llama
 from engine.layers.layer_ops import CPU_LAYER_OPS
-from engine.testing.checkpoints import tiny_llama
 from tests.engine.agreement import (
     assert_bf16_evaluations_agree,
     assert_outputs_agree,

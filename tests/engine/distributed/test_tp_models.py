@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.testing.checkpoints import (
+from engine.devtools.testing.checkpoints import (
     build_deepseek_v3,
     build_glm4_moe,
     make_checkpoint,

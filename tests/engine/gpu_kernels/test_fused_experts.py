@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from engine.collectives import parallel
+from engine.devtools.testing.checkpoints import make_checkpoint
 from engine.gpu_kernels.fused_moe import fused_moe
 from engine.models.loader import load_model
-from engine.testing.checkpoints import make_checkpoint
 
 
 @pytest.fixture(autouse=True)

@@ -126,7 +126,7 @@ def test_the_ops_and_the_kernels_agree_on_what_they_take():
 
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory) -> dict:
-    from engine.testing.checkpoints import build_deepseek_v3, build_glm4_moe, tiny_glm4
+    from engine.devtools.testing.checkpoints import build_deepseek_v3, build_glm4_moe, tiny_glm4
 
     root = tmp_path_factory.mktemp("layer_ops_models")
     return {

@@ -2,7 +2,7 @@
 
 Issue 28 wants decode captured as a CUDA graph, and a capture cannot hold a
 host synchronisation (`.item()`, `torch.bincount` on CUDA, a boolean mask...).
-engine.testing.capture_hazards sees those as the aten operators they are on
+engine.devtools.testing.capture_hazards sees those as the aten operators they are on
 CPU too, so each step runs once under it here: on CPU with the fused kernels
 in Triton's interpreter (conftest sets TRITON_INTERPRET), on a GPU compiled.
 Each step's results are checked as well: the layout (moe_align), the expert
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from engine.collectives import parallel
+from engine.devtools.testing.capture_hazards import capture_hazards
 from engine.gpu_kernels.moe_align import moe_align
 from engine.layers.moe_routing import RoutingConfig, route
-from engine.testing.capture_hazards import capture_hazards
 from tests.engine.gpu_kernels.test_moe_align import check_layout
 
 
@@ -83,7 +83,7 @@ def as_on_a_gpu(monkeypatch):
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    from engine.testing.checkpoints import make_checkpoint
+    from engine.devtools.testing.checkpoints import make_checkpoint
 
     root = tmp_path_factory.mktemp("sync_free")
     return {

@@ -1,6 +1,6 @@
 """GQA decode on FP8 tensor cores (queries and softmax weights as e4m3) against float64.
 
-The reference and the derived error bound are engine.testing.fp8_decode_bound's
+The reference and the derived error bound are engine.devtools.testing.fp8_decode_bound's
 (its docstring derives the bound); bench/gpu_check.py checks the real shapes
 with them on a GPU.
 """
@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("triton")
 
 from engine.attention.triton.decode import gqa_decode  # noqa: E402
-from engine.testing.fp8_decode_bound import (  # noqa: E402
+from engine.devtools.testing.fp8_decode_bound import (  # noqa: E402
     BF16_OUTPUT_ROUNDING,
     excess_over_bound,
     gqa_reference_and_bound,

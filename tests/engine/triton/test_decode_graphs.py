@@ -20,6 +20,14 @@ import torch
 pytest.importorskip("triton")
 
 from engine import LLM, SamplingParams  # noqa: E402
+from engine.devtools.testing.capture_hazards import CaptureHazards  # noqa: E402
+from engine.devtools.testing.checkpoints import build_deepseek_v3, build_glm4_moe  # noqa: E402
+from engine.devtools.testing.decode_traffic import (  # noqa: E402
+    PROMPTS,
+    on_fixed_buffers,
+    run_traffic,
+    traffic_llm,
+)
 from engine.execution.decode_graphs import (  # noqa: E402
     DecodeGraphs,
     decode_buckets,
@@ -30,14 +38,6 @@ from engine.execution.decode_inputs import IDS, LENGTHS, POSITIONS, SLOTS, Decod
 from engine.models.loader import _use_fused_moe  # noqa: E402
 from engine.requests.params import SamplingParams as Params  # noqa: E402
 from engine.requests.sequence import ScheduledSequence, Sequence  # noqa: E402
-from engine.testing.capture_hazards import CaptureHazards  # noqa: E402
-from engine.testing.checkpoints import build_deepseek_v3, build_glm4_moe  # noqa: E402
-from engine.testing.decode_traffic import (  # noqa: E402
-    PROMPTS,
-    on_fixed_buffers,
-    run_traffic,
-    traffic_llm,
-)
 
 GREEDY = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
 

@@ -15,8 +15,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # `bench` from the checkout
 
-from bench.gpu_check_quick import TARGETS, run_part, run_quick  # noqa: E402
-from bench.gpu_check_verdicts import verdict_table, verdicts  # noqa: E402
+from bench.gpu_check_quick import run_part, run_quick  # noqa: E402
+from bench.gpu_check_verdicts import TARGETS, verdict_table, verdicts  # noqa: E402
 
 
 def test_a_failing_part_is_recorded_and_the_next_one_runs():

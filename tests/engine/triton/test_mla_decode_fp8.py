@@ -24,11 +24,11 @@ from engine.attention.triton.mla_decode import (  # noqa: E402
     mla_decode_splits,
     tile_config,
 )
-from engine.kv.quant import FP8_DTYPE, FP8_MAX  # noqa: E402
-from engine.testing.fp8_decode_bound import (  # noqa: E402
+from engine.devtools.testing.fp8_decode_bound import (  # noqa: E402
     BF16_OUTPUT_ROUNDING,
     mla_reference_and_bound,
 )
+from engine.kv.quant import FP8_DTYPE, FP8_MAX  # noqa: E402
 from tests.engine.triton.test_decode_splits import (  # noqa: E402
     MIXED_LENS,
     pad_queries,
@@ -51,7 +51,7 @@ def e4m3_rows(slots: int, width: int, spread: float) -> torch.Tensor:
 
 def reference_and_bound(q, rows, tables, row, latent_scale, rope_scale, softmax_scale):
     """(float64 output, per-element error bound) for one sequence of the step: the bound
-    engine.testing.fp8_decode_bound derives from the weights' e4m3 rounding."""
+    engine.devtools.testing.fp8_decode_bound derives from the weights' e4m3 rounding."""
     stored = rows[slots_of(tables, row)]
     return mla_reference_and_bound(q[row], stored, LORA, latent_scale, rope_scale, softmax_scale)
 

@@ -33,13 +33,13 @@ from engine.attention.metadata import AttentionMetadata  # noqa: E402
 from engine.attention.triton import backend as backend_module  # noqa: E402
 from engine.attention.triton.backend import TritonAttentionBackend  # noqa: E402
 from engine.attention.triton.rope_write import rope_rotate_write  # noqa: E402
+from engine.devtools.testing.checkpoints import build_glm4_moe  # noqa: E402
 from engine.kv.pool import PagedKVPool  # noqa: E402
 from engine.kv.quant import FP8_MAX, quantize_fp8, scale_from_amax  # noqa: E402
 from engine.kv.rotation import HadamardRotation  # noqa: E402
 from engine.kv.sizing import KVLayout  # noqa: E402
 from engine.layers.layer_ops import TORCH_LAYER_OPS  # noqa: E402
 from engine.layers.rotary import RotaryEmbedding, rope_inv_freq  # noqa: E402
-from engine.testing.checkpoints import build_glm4_moe  # noqa: E402
 
 POISON = 0xA5  # storage bytes no write in these tests produces
 MAX_POSITIONS = 64

@@ -1,0 +1,52 @@
+"""What an engine reports about itself (`/v1/engine/stats`, `resident bench`, the agent's
+status bar): the KV cache's dtype, capacity, use and scales, the kernels and
+backend in force, weights, speculation, the prefix tiers, ranks and queues.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.core.engine_parts import EngineParts
+from engine.host.cpu_features import describe_cpu
+from engine.kv.scales import scales_in_force
+from engine.kv.sizing import kv_bytes_per_token
+from engine.layers.cpu_matrix_path import describe_matrix_path
+
+
+def engine_stats(parts: EngineParts) -> dict:
+    """The stats object; read on the stepping thread (its compute threads are reported)."""
+    page = parts.config.page_size
+    rank, cache, spill = parts.rank, parts.prefix.cache, parts.prefix.spill
+    cache_only = cache.pages_held_only_by_cache() if cache is not None else 0
+    used_pages = parts.allocator.num_pages - parts.allocator.num_free - cache_only
+    runner = rank.runner
+    # Triton's backend says whether FP8 pages decode on e4m3 tensor cores.
+    describe_backend = getattr(runner.backend, "describe", None)
+    backend_facts = describe_backend(rank.pool, rank.dtype) if describe_backend else {}
+    return {
+        "kv_cache_dtype": rank.kv_dtype,
+        "page_size": page,
+        "capacity_tokens": rank.pool.capacity_tokens,
+        "used_tokens": used_pages * page,
+        "cached_tokens": cache_only * page,
+        "cache_hit_rate": cache.hit_rate if cache else 0.0,
+        "max_context_tokens": rank.max_model_len,
+        "kv_bytes_per_token": kv_bytes_per_token(rank.layout, rank.kv_dtype),
+        "kv_rotation": rank.kv_rotation,
+        "kv_scales": scales_in_force(rank.pool, rank.kv_rotation),
+        "attention_backend": runner.backend.name,
+        **backend_facts,
+        "cpu_kernel": rank.cpu_kernel,
+        **(runner.graphs.describe() if runner.graphs is not None else {}),
+        # The stepping thread's team (this runs on it): engine.host.threads.
+        "compute_threads": torch.get_num_threads(),
+        **({**describe_cpu(), **describe_matrix_path()} if parts.device.type == "cpu" else {}),
+        "weight_bytes": parts.weight_bytes,
+        "linear_methods": parts.linear_methods,
+        **parts.speculator.stats(),
+        **(spill.stats() if spill is not None else {}),
+        "parallel": parts.executor.describe(),
+        "running": len(parts.scheduler.running),
+        "waiting": len(parts.scheduler.waiting),
+    }

@@ -1,0 +1,35 @@
+"""The engine as the HTTP layer sees it: what a route may call, and nothing more.
+
+`resident serve` serves an AsyncEngine (engine/async_engine.py); the e2e tests
+serve a scripted double (tests/e2e/scripted_engine.py). Both have these two.
+No route aborts a request itself: closing `generate`'s iterator does (a client
+that went away, engine/server/generation.py). Two more are read when present
+(app.py): `is_alive()`, false once the engine thread has stopped, and
+`failure()`, why the engine cannot serve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from engine.requests.outputs import RequestOutput
+from engine.requests.params import SamplingParams
+
+
+class ServingEngine(Protocol):
+    def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        cache_salt: str = "",
+    ) -> AsyncIterator[RequestOutput]:
+        """Outputs for one request as it progresses; the last has `finished` set.
+        Refusals (a prompt too long, a full queue) are raised before the first;
+        leaving the loop early aborts the request."""
+        ...
+
+    async def stats(self) -> dict:
+        """The `/v1/engine/stats` object (and what `/metrics` reads of the KV cache)."""
+        ...
