@@ -139,7 +139,7 @@ def _windows(ids: list[int], context: int, count: int) -> list[list[int]]:
 
 
 def _open_model(model: str, workdir: Path) -> tuple[str, str]:
-    """(path, label): `tiny:FAMILY` builds a tiny random checkpoint (engine.testing)."""
+    """(path, label): `tiny:FAMILY` builds a tiny random checkpoint (engine.devtools.testing)."""
     if not model.startswith("tiny:"):
         return model, model
     from engine.devtools.testing.checkpoints import make_checkpoint

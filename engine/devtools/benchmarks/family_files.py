@@ -1,5 +1,5 @@
 """The files `resident bench families` measures: each family's random-weight checkpoint at
-realistic size (engine.testing.realistic_checkpoints), and llama.cpp's GGUF of it.
+realistic size (engine.devtools.testing.realistic_checkpoints), and llama.cpp's GGUF of it.
 
 Both are written once into a work folder and reused while their recipe (the
 config, the tokenizer, the converter and quantizer options) is unchanged;
@@ -42,7 +42,7 @@ QUANT = "Q4_1"
 QUANTIZE_OPTIONS = ("--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0")
 PEER_BINARIES = ("llama-bench", "llama-server")
 # The converter's wrapper lives with the tests that share it; a checkout has it.
-CONVERT_WRAPPER = Path(__file__).resolve().parents[2] / "tests" / "engine" / "llama_cpp_convert.py"
+CONVERT_WRAPPER = Path(__file__).resolve().parents[3] / "tests" / "engine" / "llama_cpp_convert.py"
 # family: (tokenizer saver, the pre-tokenizer name the wrapper answers for it). llama.cpp's
 # GLM converter insists on GLM's special tokens; the others take a GPT-2-split BPE.
 _TOKENIZERS = {
