@@ -123,41 +123,75 @@ static inline void row_scales(const uint8_t *tile_scales, int fmt, int64_t g, in
     }
 }
 
-/* W[N, K] as bfloat16, each value the float32 that gguf's dequantizer computes (products
-   exact, then one rounding: step * u + offset, or step * (u - 32) for Q6_K), rounded to
-   nearest even: for products that run faster on BF16 matrix units (AMX) than on int8 dot
-   products. Returns 0, or -2 as grid_matmul does. */
+/* Row n of tile t, group g, as the 32 float32 values gguf's dequantizer computes
+   (products exact, then one rounding: step * u + offset, or step * (u - 32) for Q6_K). */
+static inline void group_values(const uint8_t *weight, const uint8_t *scales, int fmt,
+                                int64_t groups, int64_t t, int64_t g, int64_t n, __m512 *v0,
+                                __m512 *v1) {
+    const uint8_t *src = weight + t * tile_bytes(fmt, groups) + g * group_bytes(fmt);
+    __m512i first, second;
+    group_codes(src, fmt, n, &first, &second);
+    float step, offset, step2;
+    row_scales(scales + t * tile_scale_bytes(fmt, groups), fmt, g, n, &step, &offset, &step2);
+    if (fmt == GRID_Q6_K) {
+        const __m512i bias = _mm512_set1_epi32(32);
+        *v0 = _mm512_mul_ps(_mm512_set1_ps(step), _mm512_cvtepi32_ps(_mm512_sub_epi32(first, bias)));
+        *v1 = _mm512_mul_ps(_mm512_set1_ps(step2),
+                            _mm512_cvtepi32_ps(_mm512_sub_epi32(second, bias)));
+    } else {
+        /* mul then add, not fused: the float32 value the checkpoint holds */
+        const __m512 d = _mm512_set1_ps(step), m = _mm512_set1_ps(offset);
+        *v0 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(first)), m);
+        *v1 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(second)), m);
+    }
+}
+
+/* W[N, K] as bfloat16, each value group_values' float32 rounded to nearest even: for
+   products that run faster on BF16 matrix units (AMX) than on int8 dot products.
+   Returns 0, or -2 as grid_matmul does. */
 int grid_dequantize(const uint8_t *weight, const uint8_t *scales, int fmt, int64_t K, int64_t N,
                     uint16_t *out, int threads) {
     if (!grid_format_fits(fmt, K)) return -2;
     const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE;
-    const int64_t w_tile = tile_bytes(fmt, groups), s_tile = tile_scale_bytes(fmt, groups);
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t rows = N - t * TILE < TILE ? N - t * TILE : TILE;
         for (int64_t g = 0; g < groups; g++) {
-            const uint8_t *src = weight + t * w_tile + g * group_bytes(fmt);
             for (int64_t n = 0; n < rows; n++) {
-                __m512i first, second;
-                group_codes(src, fmt, n, &first, &second);
-                float step, offset, step2;
-                row_scales(scales + t * s_tile, fmt, g, n, &step, &offset, &step2);
                 __m512 v0, v1;
-                if (fmt == GRID_Q6_K) {
-                    const __m512i bias = _mm512_set1_epi32(32);
-                    v0 = _mm512_mul_ps(_mm512_set1_ps(step),
-                                       _mm512_cvtepi32_ps(_mm512_sub_epi32(first, bias)));
-                    v1 = _mm512_mul_ps(_mm512_set1_ps(step2),
-                                       _mm512_cvtepi32_ps(_mm512_sub_epi32(second, bias)));
-                } else {
-                    /* mul then add, not fused: the float32 value the checkpoint holds */
-                    const __m512 d = _mm512_set1_ps(step), m = _mm512_set1_ps(offset);
-                    v0 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(first)), m);
-                    v1 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(second)), m);
-                }
+                group_values(weight, scales, fmt, groups, t, g, n, &v0, &v1);
                 uint16_t *dst = out + (t * TILE + n) * K + g * GROUP;
                 _mm256_storeu_si256((__m256i *)dst, bf16x16_from(v0));
                 _mm256_storeu_si256((__m256i *)(dst + TILE), bf16x16_from(v1));
+            }
+        }
+    }
+    return 0;
+}
+
+/* Rows ids[0..count) of W[N, K] into out[count, K], float32 or bfloat16 (rounded to
+   nearest even): an embedding table kept in its file's blocks, looked up a few rows a
+   step. Returns 0, -2 as grid_matmul does, -3 for an id outside 0..N-1. */
+int grid_gather_rows(const uint8_t *weight, const uint8_t *scales, int fmt, int64_t K, int64_t N,
+                     const int64_t *ids, int64_t count, void *out, int out_bf16, int threads) {
+    if (!grid_format_fits(fmt, K)) return -2;
+    for (int64_t i = 0; i < count; i++)
+        if (ids[i] < 0 || ids[i] >= N) return -3;
+    const int64_t groups = K / GROUP;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) if (count > 8)
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t t = ids[i] / TILE, n = ids[i] % TILE;
+        for (int64_t g = 0; g < groups; g++) {
+            __m512 v0, v1;
+            group_values(weight, scales, fmt, groups, t, g, n, &v0, &v1);
+            if (out_bf16) {
+                uint16_t *dst = (uint16_t *)out + i * K + g * GROUP;
+                _mm256_storeu_si256((__m256i *)dst, bf16x16_from(v0));
+                _mm256_storeu_si256((__m256i *)(dst + TILE), bf16x16_from(v1));
+            } else {
+                float *dst = (float *)out + i * K + g * GROUP;
+                _mm512_storeu_ps(dst, v0);
+                _mm512_storeu_ps(dst + TILE, v1);
             }
         }
     }

@@ -175,3 +175,38 @@ def grid_dequantize(
     )
     _check(status, "grid_dequantize")
     return out
+
+
+def grid_gather_rows(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    fmt: int,
+    rows: int,
+    cols: int,
+    ids: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """Rows `ids` (any shape) of the packed weight [rows, cols] -> [*ids.shape, cols] in
+    float32 or bfloat16: each value the float32 the checkpoint's dequantizer computes
+    (then rounded to nearest even for bfloat16), as an embedding lookup gives from the
+    dequantized table."""
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError("grid_gather_rows writes float32 or bfloat16")
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    out = torch.empty(flat.numel(), cols, dtype=out_dtype)
+    status = library().grid_gather_rows(
+        codes.data_ptr(),
+        scales.data_ptr(),
+        int(fmt),
+        cols,
+        rows,
+        flat.data_ptr(),
+        flat.numel(),
+        out.data_ptr(),
+        int(out_dtype == torch.bfloat16),
+        torch.get_num_threads(),
+    )
+    if status == -3:
+        raise IndexError(f"an id outside 0..{rows - 1} was looked up")
+    _check(status, "grid_gather_rows")
+    return out.reshape(*ids.shape, cols)

@@ -48,6 +48,8 @@ _SIGNATURES = {
     "grid_matmul": [_PTR, _INT, _I64, _I64, _PTR, _PTR, _INT, _I64, _PTR, _PTR, _INT, _INT],
     # codes, scales, format, K, N, out (bf16), threads
     "grid_dequantize": [_PTR, _PTR, _INT, _I64, _I64, _PTR, _INT],
+    # codes, scales, format, K, N, ids, count, out, out_bf16, threads
+    "grid_gather_rows": [_PTR, _PTR, _INT, _I64, _I64, _PTR, _I64, _PTR, _INT, _INT],
     # routing, x, T, hidden, ids, weights
     "moe_route": [_PTR, _PTR, _I64, _I64, _PTR, _PTR],
     # routing, x, T, hidden, intermediate, experts, gate_up_format, down_format, shared
@@ -107,6 +109,9 @@ _SIGNATURES = {
     # model, layers, count, x, tokens, positions, slot_mapping, context_slots,
     # context_len, lens, mlp_width, threads
     "decode_mla_layers": [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _INT],
+    # src, row_index, first_row, n, row_bytes, groups, type, codes, scales, dst_row0,
+    # dst_bits, threads
+    "gguf_grid_repack": [_PTR, _PTR, _I64, _I64, _I64, _I64, _INT, _PTR, _PTR, _I64, _INT, _INT],
     # x, rows, cols, out, threads
     "argmax_rows": [_PTR, _I64, _I64, _PTR, _INT],
     # x, residual, weight, eps, out, rows, hidden, threads

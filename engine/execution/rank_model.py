@@ -31,6 +31,7 @@ from engine.errors import EngineError
 from engine.execution.layer_kernels import choose_layer_kernels
 from engine.execution.runner import ModelRunner, build_runner
 from engine.execution.weight_packing import plan_cpu_weights, prepare_cpu_weights
+from engine.host.memory_advice import return_free_memory
 from engine.kv.dtypes import resolve_kv_dtype
 from engine.kv.pool import PagedKVPool
 from engine.kv.pool_budget import allocate_kv_pool
@@ -97,6 +98,7 @@ def build_rank_model(config: EngineConfig, model_dir: Path, device: torch.device
     kv_rotation_detail = _rotate_kv(model, kv_rotation, config.deterministic)
     cpu_kernel = prepare_cpu_weights(model, cpu, dtype, config.cpu_weights)
     choose_layer_kernels(model, model_config, cpu, device, config.deterministic)
+    return_free_memory()  # the float copies loading, rotating and packing freed
     pool = allocate_kv_pool(
         layout,
         kv_dtype,

@@ -1,2 +1,2 @@
 """What the host machine offers the engine: usable cores, the compute-thread policy,
-and the CPU's matrix instructions."""
+the CPU's matrix instructions, and advice to its memory manager."""

@@ -61,6 +61,8 @@ def model_weight_bytes(model: nn.Module) -> int:
     what methods keep beside them (a CPU grid method's packed form)."""
     held = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
     beside = sum(m.method.bytes_beside(m) for m in model.modules() if isinstance(m, MethodLinear))
+    # Modules that keep weights outside parameters (a grid embedding, MLA's latent grids).
+    beside += sum(m.packed_bytes() for m in model.modules() if hasattr(m, "packed_bytes"))
     return sum(held.values()) + beside
 
 

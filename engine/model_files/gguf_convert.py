@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, quants
+from gguf import GGMLQuantizationType, quants
 from tqdm import tqdm
 
 from engine.errors import ModelError
 from engine.model_files.gguf_families import REFETCH_HINT, SUPPORTED_ARCHITECTURES, GGUFModel
+from engine.model_files.gguf_header import GGUFFile
 from engine.model_files.gguf_models import plan_model
 from engine.model_files.gguf_plan import GGUF_WEIGHTS, materialize, row_view_shape
 from engine.model_files.gguf_tokenizer import rebuild_tokenizer
@@ -85,11 +86,11 @@ def convert_gguf(
 # --- reading -----------------------------------------------------------------
 
 
-def read_gguf(path: Path) -> tuple[GGUFReader, dict[str, Any], GGUFModel]:
+def read_gguf(path: Path) -> tuple[GGUFFile, dict[str, Any], GGUFModel]:
     """The checked file, its metadata as plain values, and the model it holds (config and
-    tensor plan); the tensor data stays memory-mapped in the reader."""
+    tensor plan); the tensor data stays memory-mapped in the file's reader."""
     reader = _open_gguf(Path(path))
-    metadata = _read_metadata(reader)
+    metadata = reader.metadata
     shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
     model = plan_model(metadata, shapes)
     if model.skipped:
@@ -103,7 +104,7 @@ def read_gguf(path: Path) -> tuple[GGUFReader, dict[str, Any], GGUFModel]:
     return reader, metadata, model
 
 
-def _open_gguf(path: Path) -> GGUFReader:
+def _open_gguf(path: Path) -> GGUFFile:
     if not path.is_file():
         raise ModelError(f"GGUF file not found: {path}")
     with path.open("rb") as file:
@@ -114,7 +115,7 @@ def _open_gguf(path: Path) -> GGUFReader:
             f"check the path, or {REFETCH_HINT}."
         )
     try:
-        reader = GGUFReader(path)
+        reader = GGUFFile(path)
     except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError, struct.error) as error:
         raise ModelError(f"{path} is truncated or corrupt ({error}); {REFETCH_HINT}.") from error
     # The reader maps tensor data lazily, so a file cut inside the last tensor
@@ -126,32 +127,6 @@ def _open_gguf(path: Path) -> GGUFReader:
                 f"{path} is truncated (tensor {tensor.name} is cut off); {REFETCH_HINT}."
             )
     return reader
-
-
-def _read_metadata(reader: GGUFReader) -> dict[str, Any]:
-    """Every key-value pair as plain Python values (nested arrays are skipped)."""
-    metadata = {}
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or not field.types:
-            continue
-        if field.types[0] == GGUFValueType.ARRAY:
-            if len(field.types) != 2:
-                continue
-            metadata[name] = [_scalar(field.parts[i], field.types[1]) for i in field.data]
-        else:
-            metadata[name] = _scalar(field.parts[field.data[0]], field.types[0])
-    return metadata
-
-
-def _scalar(part: np.ndarray, value_type: GGUFValueType) -> Any:
-    if value_type == GGUFValueType.STRING:
-        return part.tobytes().decode("utf-8")
-    if value_type == GGUFValueType.BOOL:
-        return bool(part[0])
-    if value_type in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
-        # Through str() so that a float32 1e-05 is written as 1e-05, not 9.99e-06.
-        return float(str(part[0]))
-    return int(part[0])
 
 
 # --- config ------------------------------------------------------------------

@@ -127,6 +127,9 @@ class MLAAttention(nn.Module):
             raise RuntimeError("the latent grid goes in before the KV rotation is enabled")
         self.latent_grid = grid
 
+    def packed_bytes(self) -> int:
+        return 0 if self.latent_grid is None else self.latent_grid.nbytes
+
     def enable_kv_rotation(self, batch_invariant: bool = False) -> str:
         """Hadamard-rotate the cached latent and the rope key at run time, and fold the
         latent's inverse into kv_b_proj.

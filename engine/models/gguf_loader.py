@@ -31,7 +31,9 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
+from engine.cpu_kernels.library import unavailable
 from engine.cpu_kernels.mla_decode import LatentGrid
+from engine.host.memory_advice import MappedFile, PackedArena
 from engine.layers.cpu_grid_weights import MAX_PACKED_ROWS, GridMethod, GridParts, GridWeight
 from engine.layers.linear import FusedLinear
 from engine.layers.linear_methods import DENSE, MethodLinear
@@ -39,11 +41,14 @@ from engine.model_files.gguf_convert import dequantized_rows, read_gguf
 from engine.model_files.gguf_plan import TensorPlan, materialize, row_view_shape
 from engine.weights.gguf_blocks import (
     BLOCK_TYPES,
+    BlockRows,
     GridRows,
     decode_blocks,
+    join_block_rows,
     join_rows,
     offsets_exact,
     pack_grid_rows,
+    repack_block_rows,
 )
 from engine.weights.gguf_kquants import (
     KQUANT_TYPES,
@@ -65,13 +70,16 @@ class GGUFWeights:
         self.tensors = {tensor.name: tensor for tensor in reader.tensors}
         self.plans = model.plans
         self.packed: set[str] = set()  # Hugging Face names whose blocks a layer holds
+        self.arena = PackedArena()
+        self.mapped = MappedFile(reader.data)
 
     def _type_name(self, source: str) -> str:
         return GGMLQuantizationType(self.tensors[source].tensor_type).name
 
-    def grid_rows(self, plan: TensorPlan) -> GridRows | KQuantRows | None:
-        """The plan's rows as grid codes, or None unless every piece is rows of blocks
-        the grid kernel multiplies as they are."""
+    def grid_rows(self, plan: TensorPlan) -> BlockRows | GridRows | KQuantRows | None:
+        """The plan's rows as grid codes (plain blocks: still in the file, for the C
+        repacker), or None unless every piece is rows of blocks the grid kernel
+        multiplies as they are."""
         types = {self._type_name(source) for source in plan.sources}
         if not plan.rows_only or not (types <= BLOCK_TYPES.keys() or types <= KQUANT_TYPES.keys()):
             return None
@@ -79,8 +87,12 @@ class GGUFWeights:
         for piece in plan.pieces:
             tensor = self.tensors[piece.source]
             total, columns = row_view_shape(tuple(reversed(tensor.shape.tolist())))
-            rows = tensor.data.reshape(total, -1)[_selection(piece.rows)]
             type_name = self._type_name(piece.source)
+            if type_name in BLOCK_TYPES and not unavailable():
+                view = tensor.data.reshape(total, -1)
+                parts.append(BlockRows([(view, _selection(piece.rows), type_name)], columns))
+                continue
+            rows = tensor.data.reshape(total, -1)[_selection(piece.rows)]
             decode = decode_blocks if type_name in BLOCK_TYPES else decode_kquant_blocks
             parts.append(decode(rows, type_name, columns))
         return _join(parts)
@@ -94,9 +106,28 @@ class GGUFWeights:
         type_name = self._type_name(source)
         if type_name not in BLOCK_TYPES and type_name not in KQUANT_TYPES:
             return None
-        decode = decode_blocks if type_name in BLOCK_TYPES else decode_kquant_blocks
         total, columns = row_view_shape(tuple(reversed(tensor.shape.tolist())))
-        return _grid_weight(decode(tensor.data.reshape(total, -1), type_name, columns))
+        view = tensor.data.reshape(total, -1)
+        if type_name in BLOCK_TYPES and not unavailable():
+            return self.grid_weight(BlockRows([(view, slice(0, total), type_name)], columns))
+        decode = decode_blocks if type_name in BLOCK_TYPES else decode_kquant_blocks
+        return self.grid_weight(decode(view, type_name, columns))
+
+    def grid_weight(self, rows: BlockRows | GridRows | KQuantRows) -> GridWeight | None:
+        """The rows packed for the grid kernel, or None when they are not exact on it."""
+        if isinstance(rows, BlockRows):
+            packed = repack_block_rows(rows, self.arena.take, self.mapped)
+            if packed is None:
+                return None
+            return GridWeight(*packed, rows.bits, rows.rows, f"{rows.bits}-bit")
+        if isinstance(rows, KQuantRows):
+            codes, scales = pack_kquant_rows(rows)
+            fmt = rows.format
+            return GridWeight(codes, scales, fmt.bits, rows.rows, fmt.name, format=fmt)
+        if not offsets_exact(rows):
+            return None
+        codes, scales = pack_grid_rows(rows)
+        return GridWeight(codes, scales, rows.bits, rows.rows, f"{rows.bits}-bit")
 
     def dense(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor no layer holds packed, dequantized to float32, one at a time."""
@@ -106,29 +137,31 @@ class GGUFWeights:
             values = materialize(plan, self._rows)
             if not values.flags.writeable:  # a float32 tensor still in the mapped file
                 values = values.copy()
+            self.mapped.release()
             yield plan.name, torch.from_numpy(values)
 
     def _rows(self, source: str, selection) -> np.ndarray:
         return dequantized_rows(self.tensors[source], selection)
 
 
-def _join(parts: list) -> GridRows | KQuantRows | None:
+def _join(parts: list) -> BlockRows | GridRows | KQuantRows | None:
     """One layer's rows from its parts: plain grids join (4-bit codes as 8-bit beside
     8-bit ones), K-quants only with their own type."""
+    if all(isinstance(part, BlockRows) for part in parts):
+        return join_block_rows(parts)
     if all(isinstance(part, GridRows) for part in parts):
         return join_rows(parts)
     return join_kquant_rows(parts)
 
 
-def _grid_weight(rows: GridRows | KQuantRows) -> GridWeight | None:
-    if isinstance(rows, KQuantRows):
-        codes, scales = pack_kquant_rows(rows)
-        fmt = rows.format
-        return GridWeight(codes, scales, fmt.bits, rows.rows, fmt.name, format=fmt)
-    if not offsets_exact(rows):
-        return None
-    codes, scales = pack_grid_rows(rows)
-    return GridWeight(codes, scales, rows.bits, rows.rows, f"{rows.bits}-bit")
+def _columns(rows: BlockRows | GridRows | KQuantRows) -> int:
+    return rows.columns if isinstance(rows, BlockRows) else rows.codes.shape[1] * 32
+
+
+def _decoder_layer(name: str) -> str:
+    """`model.layers.3` of `model.layers.3.mlp.experts.7.down_proj`; the name otherwise."""
+    parts = name.split(".")
+    return ".".join(parts[:3]) if len(parts) > 3 and parts[2].isdigit() else name
 
 
 def _selection(rows) -> slice | np.ndarray:
@@ -149,7 +182,13 @@ def install_grid_layers(model: nn.Module, weights: GGUFWeights) -> set[str]:
         by_layer[target[: -len(".weight")]][shard] = plan
     filled: set[str] = set()
     counts: Counter[str] = Counter()
+    block = None
     for layer_name, shards in by_layer.items():
+        # A decoder layer's blocks packed, the file's pages they came from are dropped:
+        # the file and its packed copy are never both resident.
+        if _decoder_layer(layer_name) != block:
+            weights.mapped.release()
+            block = _decoder_layer(layer_name)
         try:
             layer = model.get_submodule(layer_name)
         except AttributeError:
@@ -158,13 +197,13 @@ def install_grid_layers(model: nn.Module, weights: GGUFWeights) -> set[str]:
         if order is None:
             continue
         parts = [weights.grid_rows(shards[shard]) for shard in order]
-        if any(part is None or part.codes.shape[1] * 32 != layer.in_features for part in parts):
+        if any(part is None or _columns(part) != layer.in_features for part in parts):
             continue
         rows = _join(parts)
         if rows is not None:
-            packed = _grid_weight(rows)
+            packed = weights.grid_weight(rows)
         else:  # pieces in formats no one layout holds: a grid weight each
-            pieces = [_grid_weight(part) for part in parts]
+            pieces = [weights.grid_weight(part) for part in parts]
             packed = None if any(p is None for p in pieces) else GridParts(pieces)
         if packed is None or packed.rows != layer.out_features:
             continue
@@ -177,11 +216,40 @@ def install_grid_layers(model: nn.Module, weights: GGUFWeights) -> set[str]:
         target = f"{layer_name}.weight"
         filled.update(target if shard is None else f"{target}:{shard}" for shard in order)
         counts[packed.grid] += 1
+    weights.mapped.release()
     log.info(
         "GGUF blocks kept packed: %s",
         ", ".join(f"{n} layers {grid}" for grid, n in sorted(counts.items())) or "none",
     )
     return filled
+
+
+def install_grid_embedding(model: nn.Module, weights: GGUFWeights) -> set[str]:
+    """Keep the token embedding in its file's blocks when they are on a grid and the head
+    does not share it: rows are dequantized as they are looked up (the values the
+    dequantized table would hold). Returns the parameter it filled. Call before the
+    parameters are allocated, so no float copy of the table is ever made."""
+    embedding = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if embedding is None or getattr(model, "tie_word_embeddings", False):
+        return set()
+    for plan in weights.plans:
+        if plan.name.endswith(".weight") and not model.skip_checkpoint_tensor(plan.name):
+            target, shard = model.checkpoint_target(plan.name)
+            if target == "model.embed_tokens.weight" and shard is None:
+                break
+    else:
+        return set()
+    rows = weights.grid_rows(plan)
+    if rows is None or _columns(rows) != embedding.hidden_size:
+        return set()
+    packed = weights.grid_weight(rows)
+    if packed is None or packed.rows != embedding.vocab_size:
+        return set()
+    embedding.use_grid(packed)
+    weights.packed.add(plan.name)
+    weights.mapped.release()
+    log.info("token embedding kept as %s GGUF blocks", packed.grid)
+    return {target}
 
 
 def install_latent_grids(model: nn.Module, weights: GGUFWeights) -> int:
@@ -206,6 +274,7 @@ def install_latent_grids(model: nn.Module, weights: GGUFWeights) -> int:
             count += 1
     if count:
         log.info("MLA decode reads W_UK and W_UV as GGUF blocks in %d layers", count)
+    weights.mapped.release()
     return count
 
 

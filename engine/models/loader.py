@@ -210,13 +210,16 @@ def _load_gguf_model(cls, cfg: ModelConfig, path: Path, dtype, device, grid_bloc
     from engine.models.gguf_loader import (
         GGUFWeights,
         attach_biases,
+        install_grid_embedding,
         install_grid_layers,
         install_latent_grids,
     )
 
     model = _model_on_meta(cls, cfg, dtype)
     weights = GGUFWeights(path)
-    filled = install_grid_layers(model, weights) if grid_blocks else set()
+    filled = set()
+    if grid_blocks:
+        filled = install_grid_layers(model, weights) | install_grid_embedding(model, weights)
     materialize_parameters(model, device)
     model.load_weights(weights.dense(), filled=filled)
     attach_biases(model)

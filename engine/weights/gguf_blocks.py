@@ -27,8 +27,10 @@ import numpy as np
 import torch
 
 from engine.cpu_kernels.grid_matmul import pack_codes
+from engine.host.memory_advice import MappedFile
 
 GROUP = 32
+TILE = 16
 # type name -> (bytes per block, bits of the codes)
 BLOCK_TYPES = {"Q4_0": (18, 4), "Q4_1": (20, 4), "Q8_0": (34, 8)}
 
@@ -101,3 +103,97 @@ def pack_grid_rows(rows: GridRows) -> tuple[torch.Tensor, torch.Tensor]:
     d = torch.from_numpy(rows.d).unsqueeze(-1)
     m = torch.from_numpy(rows.m).unsqueeze(-1)
     return pack_codes(codes, d, m, rows.bits)
+
+
+@dataclass
+class BlockRows:
+    """Rows of Q4_0, Q4_1 or Q8_0 tensors still in the mapped file, in order: each piece
+    is (the tensor's row view [rows, row bytes] uint8, the rows taken, its type name).
+    Packed by `repack_block_rows` without decoding them first."""
+
+    pieces: list[tuple[np.ndarray, slice | np.ndarray, str]]
+    columns: int
+
+    @property
+    def rows(self) -> int:
+        return sum(_count(data, taken) for data, taken, _ in self.pieces)
+
+    @property
+    def bits(self) -> int:
+        return max(BLOCK_TYPES[type_name][1] for _, _, type_name in self.pieces)
+
+
+def _count(data: np.ndarray, taken: slice | np.ndarray) -> int:
+    if isinstance(taken, slice):
+        return len(range(*taken.indices(data.shape[0])))
+    return len(taken)
+
+
+_BLOCK_CODES = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
+
+
+def join_block_rows(parts: list[BlockRows]) -> BlockRows:
+    return BlockRows([piece for part in parts for piece in part.pieces], parts[0].columns)
+
+
+def repack_block_rows(
+    rows: BlockRows, allocate=None, mapped: MappedFile | None = None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """What pack_grid_rows(decode_blocks(...)) gives, byte for byte, written by the C
+    kernel (gguf_repack.c) from the file's blocks; None when a derived offset (-8 d of
+    Q4_0, -128 d of Q8_0) overflows half, so the weight is not exact on the grid.
+
+    `allocate(count, dtype)` gives the output's flat tensors (a PackedArena's `take`;
+    torch.empty by default); `mapped`, the file's advice, has each piece's page tables
+    populated in one call before the kernel reads it."""
+    from engine.cpu_kernels.library import library
+
+    allocate = allocate or (lambda count, dtype: torch.empty(count, dtype=dtype))
+    groups, bits, total = rows.columns // GROUP, rows.bits, rows.rows
+    tiles = -(-total // TILE)
+    codes = allocate(tiles * TILE * groups * GROUP * bits // 8, torch.uint8)
+    scales = allocate(tiles * TILE * groups * 2, torch.float16)
+    if total % TILE:  # the last tile's padding rows are zeros, as pack_codes pads them
+        codes[-TILE * groups * GROUP * bits // 8 :].zero_()
+        scales[-TILE * groups * 2 :].zero_()
+    written = 0
+    for data, taken, type_name in rows.pieces:
+        if data.shape[1] != groups * BLOCK_TYPES[type_name][0] or data.strides[1] != 1:
+            raise ValueError(f"a row of {type_name} blocks is not {rows.columns} values")
+        index, first = None, 0
+        if isinstance(taken, slice):
+            first, stop, step = taken.indices(data.shape[0])
+            if step != 1:
+                taken = np.arange(first, stop, step)
+        if not isinstance(taken, slice):
+            index = np.ascontiguousarray(taken, dtype=np.int64)
+            if len(index) and (index.min() < 0 or index.max() >= data.shape[0]):
+                raise ValueError(
+                    f"rows {index.min()}..{index.max()} of a {data.shape[0]}-row tensor"
+                )
+        count = _count(data, taken)
+        if count == 0:
+            continue
+        if mapped is not None:
+            low, high = (first, first + count - 1) if index is None else (index.min(), index.max())
+            mapped.populate(data, int(low), int(high))
+        status = library().gguf_grid_repack(
+            data.ctypes.data,
+            None if index is None else index.ctypes.data,
+            first,
+            count,
+            data.strides[0],
+            groups,
+            _BLOCK_CODES[type_name],
+            codes.data_ptr(),
+            scales.data_ptr(),
+            written,
+            bits,
+            torch.get_num_threads(),
+        )
+        if status == -3:
+            return None
+        if status != 0:
+            raise ValueError(f"gguf_grid_repack refused {type_name} rows into a {bits}-bit grid")
+        written += count
+    return codes, scales

@@ -7,9 +7,16 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
+from engine.cpu_kernels.grid_matmul import grid_gather_rows
 from engine.cpu_kernels.library import unavailable
 from engine.layers.cpu_grid_weights import GridWeight
-from engine.weights.gguf_blocks import BLOCK_TYPES, decode_blocks, join_rows, pack_grid_rows
+from engine.weights.gguf_blocks import (
+    BLOCK_TYPES,
+    decode_blocks,
+    join_rows,
+    offsets_exact,
+    pack_grid_rows,
+)
 
 ROWS, COLS = 40, 96
 
@@ -48,6 +55,10 @@ def test_the_kernel_multiplies_the_files_values(type_name):
     packed = GridWeight(codes, scales, rows.bits, rows.rows, f"{rows.bits}-bit")
     got = _kernel_columns(packed, COLS)
     assert torch.allclose(got, torch.from_numpy(expected), rtol=0, atol=2.0**-20)
+    ids = torch.tensor([ROWS - 1, 0, 21, 21])  # rows looked up as an embedding
+    for dtype in (torch.float32, torch.bfloat16):
+        rows_got = grid_gather_rows(codes, scales, packed.format, ROWS, COLS, ids, dtype)
+        assert torch.equal(rows_got, torch.from_numpy(expected).to(dtype)[ids])
 
 
 @pytest.mark.skipif(bool(unavailable()), reason=f"CPU kernels: {unavailable()}")
@@ -74,3 +85,44 @@ def test_a_row_of_partial_blocks_is_refused():
         decode_blocks(data, "Q8_0", COLS - 16)
     with pytest.raises(ValueError, match="Q6_K blocks are not read"):
         decode_blocks(data, "Q6_K", COLS)
+
+
+@pytest.mark.skipif(bool(unavailable()), reason=f"CPU kernels: {unavailable()}")
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [("Q4_1", slice(0, 40))],
+        [("Q4_0", slice(3, 37))],
+        [("Q8_0", slice(0, 40, 3))],
+        # a fused layer: 4-bit pieces beside an 8-bit one, rows picked out of order
+        [("Q4_1", slice(5, 22)), ("Q8_0", np.array([39, 0, 7, 7, 12])), ("Q4_0", slice(0, 11))],
+        [("Q4_0", np.array([2, 30, 31])), ("Q4_1", slice(16, 40))],
+    ],
+)
+def test_the_c_repacker_writes_what_the_numpy_packer_writes(pieces):
+    """gguf_repack.c reads the mapped blocks and writes the kernel's layout directly:
+    byte for byte what decode_blocks + pack_grid_rows give, padding rows included."""
+    from engine.weights.gguf_blocks import BlockRows, repack_block_rows
+
+    files = {t: _file_bytes(t, seed=10 + i)[0] for i, t in enumerate(BLOCK_TYPES)}
+    block_rows = BlockRows([(files[t], taken, t) for t, taken in pieces], COLS)
+    expected_codes, expected_scales = pack_grid_rows(
+        join_rows([decode_blocks(files[t][taken], t, COLS) for t, taken in pieces])
+    )
+    codes, scales = repack_block_rows(block_rows)
+    assert block_rows.rows == sum(len(files[t][taken]) for t, taken in pieces)
+    assert torch.equal(codes, expected_codes)
+    assert torch.equal(scales.view(torch.int16), expected_scales.view(torch.int16))
+
+
+@pytest.mark.skipif(bool(unavailable()), reason=f"CPU kernels: {unavailable()}")
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
+def test_an_offset_that_overflows_half_leaves_the_weight_to_the_dense_path(type_name):
+    """-8 d (Q4_0) and -128 d (Q8_0) are exact in half unless they overflow: then the
+    repacker says so and the layer is loaded dense, as offsets_exact says for numpy."""
+    from engine.weights.gguf_blocks import BlockRows, repack_block_rows
+
+    data = _file_bytes(type_name, seed=20)[0].copy()
+    data[1, 0:2] = np.frombuffer(np.float16(30000.0).tobytes(), np.uint8)  # d of one block
+    assert not offsets_exact(decode_blocks(data, type_name, COLS))
+    assert repack_block_rows(BlockRows([(data, slice(0, ROWS), type_name)], COLS)) is None

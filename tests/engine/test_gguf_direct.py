@@ -70,6 +70,15 @@ def test_a_file_read_directly_computes_what_its_float32_folder_computes(tmp_path
     for module in from_file.engine.model.modules():
         if grid_weight_of(module) is not None:
             assert module.weight.numel() == 0  # no dense copy was ever made
+    # The Q8_0 embedding stays in its blocks too, looked up row by row: same logits.
+    embedding = from_file.engine.model.model.embed_tokens
+    assert embedding.grid is not None and embedding.weight.numel() == 0
+    assert through_folder.engine.model.model.embed_tokens.grid is None
+    ids = torch.tensor([[0, 5, 7], [embedding.vocab_size - 1, 3, 3]])
+    dense = through_folder.engine.model.model.embed_tokens(ids)
+    assert torch.equal(embedding(ids), dense) and embedding(ids).dtype == torch.bfloat16
+    with pytest.raises(IndexError):
+        embedding(torch.tensor([embedding.vocab_size]))
 
 
 def test_a_fused_layer_of_mixed_block_types_packs_when_read_directly(tmp_path):

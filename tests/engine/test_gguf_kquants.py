@@ -23,7 +23,7 @@ from gguf import GGMLQuantizationType, quants
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine import LLM
-from engine.cpu_kernels.grid_matmul import GridFormat, grid_dequantize
+from engine.cpu_kernels.grid_matmul import GridFormat, grid_dequantize, grid_gather_rows
 from engine.cpu_kernels.library import unavailable
 from engine.layers.cpu_grid_weights import (
     MAX_PACKED_ROWS,
@@ -107,6 +107,11 @@ def test_the_kernel_multiplies_the_files_values(type_name):
     # The BF16 expansion for matrix units: torch's cast of the very same float32 values.
     dense = grid_dequantize(packed.codes, packed.scales, packed.format, ROWS, COLS)
     assert torch.equal(dense, expected.bfloat16())
+    # Rows looked up as an embedding: the same float32 values, or their BF16 casts.
+    ids = torch.tensor([[ROWS - 1, 0, 17], [17, 3, ROWS - 1]])
+    for dtype in (torch.float32, torch.bfloat16):
+        got = grid_gather_rows(packed.codes, packed.scales, packed.format, ROWS, COLS, ids, dtype)
+        assert torch.equal(got, expected.to(dtype)[ids])
 
 
 @pytest.mark.parametrize(
