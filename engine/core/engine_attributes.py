@@ -15,6 +15,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.engine_parts import EngineParts
+from engine.core.prefix_tiers import fingerprint_facts
 from engine.core.scheduler import Scheduler
 from engine.distributed.executor import LocalExecutor, MultiProcessExecutor
 from engine.execution.runner import ModelRunner
@@ -22,6 +23,7 @@ from engine.kv.pages import PageAllocator
 from engine.kv.pool import PagedKVPool
 from engine.kv.prefix_spill import PrefixSpill
 from engine.kv.prefix_store import PrefixStore
+from engine.kv.prefix_tier_parts import FingerprintFacts
 from engine.kv.radix import RadixCache
 from engine.kv.sizing import KVLayout
 from engine.model_files.model_config import ModelConfig
@@ -56,6 +58,12 @@ class EngineAttributes:
     @property
     def eos_token_ids(self) -> set[int]:
         return self.parts.eos_token_ids
+
+    @property
+    def fingerprint_facts(self) -> FingerprintFacts:
+        """What decides the K/V bytes a prefill writes (the disk tier's and the cached
+        start-up scales' key)."""
+        return fingerprint_facts(self.config, self.parts.rank, self.model_dir, self.device)
 
     # ----- the model and the numerics decided for it (engine/execution/rank_model.py)
     @property

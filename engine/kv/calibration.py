@@ -13,14 +13,21 @@ set the scales, so a few dozen windows are plenty.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from engine.errors import EngineError
+from engine.host.memory_advice import return_free_memory
+from engine.kv.disk_tier import default_root
 from engine.kv.pool_base import PagedPoolBase
-from engine.kv.scales import write_scales_file
+from engine.kv.prefix_tier_parts import FingerprintFacts, fingerprint_of
+from engine.kv.quant import CALIBRATION_MARGIN
+from engine.kv.scales import read_scales_file, write_scales_file
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +97,8 @@ class _CalibratedEngine(Protocol):
     def pool(self) -> PagedPoolBase: ...
     @property
     def tensor_parallel(self) -> bool: ...
+    @property
+    def fingerprint_facts(self) -> FingerprintFacts: ...
 
 
 class CalibrationTarget(Protocol):
@@ -168,7 +177,12 @@ def builtin_sample_texts() -> list[str]:
 def calibrate_without_fixed_scales(llm: CalibrationTarget) -> dict | None:
     """Calibrate an FP8 engine's KV scales on the built-in sample when it has neither
     checkpoint nor file scales, before any request can set them; None otherwise.
-    `llm` is an engine.LLM (`LLM.from_engine(engine)` for a bare LLMEngine)."""
+    `llm` is an engine.LLM (`LLM.from_engine(engine)` for a bare LLMEngine).
+
+    The sample's scales are a function of the weights and the engine's numerics
+    (engine_fingerprint), so the first start writes them to the user cache and later
+    starts of the same model read them back instead of prefilling the sample again
+    (on a CPU, seconds to tens of seconds of every start)."""
     engine = llm.engine
     pool = engine.pool
     if not pool.is_fp8 or pool.scale_source != "calibrate":
@@ -179,10 +193,53 @@ def calibrate_without_fixed_scales(llm: CalibrationTarget) -> dict | None:
             "the ranks), not a start-up sample; give --kv-scales for fixed ones"
         )
         return None
-    return calibrate_on_texts(
+    cached = sample_scales_path(engine)
+    document = _read_cached(cached, pool)
+    if document is not None:
+        return_free_memory()  # what setting the engine up freed
+        return document
+    document = calibrate_on_texts(
         llm,
         builtin_sample_texts(),
         window=SAMPLE_WINDOW,
         max_windows=SAMPLE_WINDOWS,
         source=SAMPLE_SOURCE,
     )
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        # Beside the target, then renamed: a start reading it never sees half a file.
+        partial = cached.with_suffix(f".{os.getpid()}.partial")
+        write_scales_file(partial, document)
+        os.replace(partial, cached)
+    except OSError as error:
+        log.info("the sample's KV scales were not cached (%s): the next start calibrates", error)
+    return_free_memory()  # the sample's prefill activations
+    return document
+
+
+def sample_scales_path(engine: _CalibratedEngine) -> Path:
+    """Where the built-in sample's scales for this model and these numerics are cached."""
+    fingerprint, _ = fingerprint_of(engine.fingerprint_facts, engine.pool.granularity)
+    sample = hashlib.sha256("\0".join(builtin_sample_texts()).encode())
+    sample.update(f"{SAMPLE_WINDOW}/{SAMPLE_WINDOWS}/{CALIBRATION_MARGIN}".encode())
+    # Beside the KV disk tier's folder: RESIDENT_CACHE_DIR or the user cache's resident/.
+    return default_root().parent / "kv_scales" / f"{fingerprint}-{sample.hexdigest()[:16]}.json"
+
+
+def _read_cached(path: Path, pool: PagedPoolBase) -> dict | None:
+    """The cached sample scales set on the pool, or None (absent, unreadable, or not
+    this pool's shape: then the caller calibrates and replaces the file)."""
+    if not path.is_file():
+        return None
+    try:
+        scales = read_scales_file(path, pool.layout_kind)
+        pool.set_scales(scales.first, scales.second, source=SAMPLE_SOURCE)
+        document = json.loads(path.read_text())
+    except (EngineError, ValueError, OSError) as error:
+        log.warning("ignoring the cached KV scales %s (%s); calibrating again", path, error)
+        return None
+    log.info(
+        "FP8 KV scales of the built-in sample read from %s (calibrated at a first start)", path
+    )
+    document["cached"] = str(path)
+    return document

@@ -113,7 +113,12 @@ def engine_fingerprint(parts: PrefixTierParts) -> tuple[str, dict]:
     """(fingerprint, the facts it covers): the model (folder, config.json's hash, the
     weight files' names, sizes and mtimes) and every fact above, the pool's scale
     granularity (as it is now) and torch's version."""
-    facts = parts.facts
+    return fingerprint_of(parts.facts, parts.pool.granularity)
+
+
+def fingerprint_of(facts: FingerprintFacts, scale_granularity: str) -> tuple[str, dict]:
+    """engine_fingerprint from the facts themselves (for what keys on the same facts
+    without the tiers, such as the cached start-up KV scales)."""
     covered = {
         "format": FORMAT,
         **_model_identity(Path(facts.model_dir)),
@@ -124,7 +129,7 @@ def engine_fingerprint(parts: PrefixTierParts) -> tuple[str, dict]:
         "layout": {k: str(v) for k, v in asdict(facts.layout).items()},
         "kv_rotation": facts.kv_rotation,
         "kv_rotation_detail": facts.kv_rotation_detail,
-        "scale_granularity": parts.pool.granularity,
+        "scale_granularity": scale_granularity,
         "attention_backend": facts.attention_backend,
         "cpu_kernel": facts.cpu_kernel,
         "cpu_weights": facts.cpu_weights,

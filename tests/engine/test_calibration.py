@@ -125,3 +125,73 @@ def test_a_short_first_prefill_warns_that_it_sets_the_scales(tiny_llama_dir, cap
     with caplog.at_level("WARNING", logger="engine.kv.pool_base"):
         _llm(tiny_llama_dir).generate([list(range(3, 103))])
     assert "first prefill" not in caplog.text
+
+
+def test_a_second_start_reads_the_sample_scales_the_first_start_cached(
+    tiny_llama_dir, tmp_path, monkeypatch
+):
+    """The sample's scales depend on the weights and the numerics only: a later start of
+    the same model takes them from the cache, without prefilling the sample."""
+    from engine.async_engine import AsyncEngine
+    from engine.config import EngineConfig
+    from engine.kv import calibration
+
+    monkeypatch.setenv("RESIDENT_CACHE_DIR", str(tmp_path / "cache"))
+    config = EngineConfig(model=str(tiny_llama_dir), dtype="float32")
+
+    def start():
+        engine = AsyncEngine.open(config)
+        engine.shutdown()
+        return engine.engine
+
+    first = start()
+    cached = calibration.sample_scales_path(first)
+    assert cached.is_file() and first.pool.scale_source == "sample"
+    prefills = []
+    real = calibration.calibrate_on_texts
+    monkeypatch.setattr(
+        calibration, "calibrate_on_texts", lambda *a, **k: prefills.append(1) or real(*a, **k)
+    )
+    second = start()
+    assert prefills == []
+    assert second.pool.scale_source == "sample" and second.pool.calibrated_layers == 2
+    assert second.pool.scales() == first.pool.scales()
+
+    # Other numerics are another entry: a BF16-weights engine calibrates its own.
+    other = EngineConfig(model=str(tiny_llama_dir), dtype="bfloat16")
+    engine = AsyncEngine.open(other)
+    engine.shutdown()
+    assert calibration.sample_scales_path(engine.engine) != cached and prefills == [1]
+
+
+@pytest.mark.parametrize("damage", ["not json", '{"k": [1.0], "v": [1.0]}', '{"k": "x"}'])
+def test_a_damaged_cached_entry_is_calibrated_again_and_replaced(
+    tiny_llama_dir, tmp_path, monkeypatch, damage
+):
+    from engine.async_engine import AsyncEngine
+    from engine.config import EngineConfig
+    from engine.kv import calibration
+
+    monkeypatch.setenv("RESIDENT_CACHE_DIR", str(tmp_path / "cache"))
+    config = EngineConfig(model=str(tiny_llama_dir), dtype="float32")
+    engine = AsyncEngine.open(config)
+    engine.shutdown()
+    good = engine.engine.pool.scales()
+    cached = calibration.sample_scales_path(engine.engine)
+    cached.write_text(damage)  # one layer's worth, or not scales at all
+    engine = AsyncEngine.open(config)
+    engine.shutdown()
+    assert engine.engine.pool.scales() == good
+    assert json.loads(cached.read_text())["source"] == "sample"
+
+
+def test_an_unwritable_cache_still_starts(tiny_llama_dir, tmp_path, monkeypatch):
+    from engine.async_engine import AsyncEngine
+    from engine.config import EngineConfig
+
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")
+    monkeypatch.setenv("RESIDENT_CACHE_DIR", str(blocked))
+    engine = AsyncEngine.open(EngineConfig(model=str(tiny_llama_dir), dtype="float32"))
+    engine.shutdown()
+    assert engine.engine.pool.scale_source == "sample"
