@@ -71,12 +71,20 @@ def _best(figure: str, samples: list[dict]) -> dict:
         rate = decoded / (whole - first) if whole > first else None
         return {"tok_s": rate, "first_s": first, "whole_s": whole, "samples": samples}
     if figure == "load":
-        peaks = [s["peak_rss_bytes"] for s in samples if s["peak_rss_bytes"] is not None]
-        return {
-            "load_s": min(s["load_s"] for s in samples),
+        # Resident's first start ever calibrates and caches its FP8 KV scales: the
+        # figure is the starts after it, the first one reported beside it.
+        first = [s for s in samples if s.get("first_start")]
+        later = [s for s in samples if not s.get("first_start")] or samples
+        peaks = [s["peak_rss_bytes"] for s in later if s["peak_rss_bytes"] is not None]
+        best = {
+            "load_s": min(s["load_s"] for s in later),
             "peak_rss_bytes": max(peaks, default=None),
             "samples": samples,
         }
+        if first and later is not samples:
+            best["first_start_load_s"] = first[0]["load_s"]
+            best["first_start_peak_rss_bytes"] = first[0]["peak_rss_bytes"]
+        return best
     return {"tok_s": max(s["tok_s"] for s in samples), "samples": [s["tok_s"] for s in samples]}
 
 
@@ -237,7 +245,9 @@ _ROWS = (
     ("prefill 2048 tok/s", "prefill", "tok_s", 1, "{:.1f}", "prefill"),
     ("decode after 8192 tok/s", "long_context", "tok_s", 1, "{:.1f}", "long_context"),
     ("load to 1st token s", "load", "load_s", 1, "{:.2f}", "load_load_s"),
+    ("first start ever s", "load", "first_start_load_s", 1, "{:.2f}", None),
     ("peak RSS at load MiB", "load", "peak_rss_bytes", 2**-20, "{:.0f}", "load_peak_rss_bytes"),
+    ("first start peak MiB", "load", "first_start_peak_rss_bytes", 2**-20, "{:.0f}", None),
     ("peak RSS / GGUF size", "load", "peak_rss_over_gguf", 1, "{:.2f}", None),
     ("decode MB read/token", None, "decode_bytes", 1e-6, "{:.1f}", None),
     ("share of copy bandwidth", None, "copy_bandwidth_share", 100, "{:.0f}%", None),
