@@ -28,6 +28,7 @@ class AttentionMetadata:
     key_padding: torch.Tensor | None = None  # [B, 1, 1, L] True at padding (decode only)
     context_len_tensor: torch.Tensor | None = None  # context_lengths(), built on first use
     mask_cache: torch.Tensor | None = None  # mask, built on first use
+    groups_cache: list | None = None  # ragged_groups(), built on first use
 
     @property
     def mask(self) -> torch.Tensor | None:
@@ -44,6 +45,37 @@ class AttentionMetadata:
             mask = (positions[None, None, :] <= self.query_positions[:, :, None]).unsqueeze(1)
             self.mask_cache = mask.to(self.slot_mapping.device)
         return self.mask_cache
+
+    def ragged_groups(self) -> list[tuple[torch.Tensor, AttentionMetadata]]:
+        """The step cut into sub-steps that waste no padding: (the tokens' flat indices,
+        their metadata) for the decode sequences together (one query each), then each
+        other sequence alone. For attention paths that pad every sequence to the
+        longest query and context: in a mixed step, 15 decode tokens beside a
+        512-token prefill chunk would otherwise each attend as 512 padded queries.
+        Built once per step, shared by the layers."""
+        if self.groups_cache is None:
+            starts = [0]
+            for q_len in self.query_lens:
+                starts.append(starts[-1] + q_len)
+            decode = [b for b, q_len in enumerate(self.query_lens) if q_len == 1]
+            others = [[b] for b, q_len in enumerate(self.query_lens) if q_len != 1]
+            self.groups_cache = [
+                self._group(members, starts) for members in ([decode] if decode else []) + others
+            ]
+        return self.groups_cache
+
+    def _group(self, members: list[int], starts: list[int]):
+        tokens = torch.cat([torch.arange(starts[b], starts[b + 1]) for b in members])
+        device = self.slot_mapping.device
+        tokens = tokens.to(device)
+        meta = AttentionMetadata.build(
+            [self.query_lens[b] for b in members],
+            [self.context_lens[b] for b in members],
+            self.slot_mapping[tokens],
+            [self.context_slots[b, : self.context_lens[b]] for b in members],
+            device,
+        )
+        return tokens, meta
 
     def context_lengths(self) -> torch.Tensor:
         """context_lens as an int64 CPU tensor (built once)."""

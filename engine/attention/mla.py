@@ -89,6 +89,25 @@ def mla_attention(
     """
     if path not in PATHS:
         raise ValueError(f"MLA path {path!r}: use one of {PATHS}")
+    if not meta.decode_only and len(meta.query_lens) > 1:
+        # A mixed or multi-sequence step: each sequence alone (the decode ones together,
+        # for the decode kernel), as the paths below pad every sequence to the longest.
+        out = q_nope.new_empty(q_nope.shape[0], dims.num_heads, dims.v_dim)
+        for tokens, part in meta.ragged_groups():
+            args = (q_nope[tokens], q_rope[tokens], latent[tokens], k_rope[tokens])
+            out[tokens] = mla_attention(
+                layer,
+                *args,
+                kv_b_weight,
+                pool,
+                part,
+                dims,
+                softmax_scale,
+                path,
+                backend,
+                latent_grid,
+            )
+        return out
     if path == "auto":
         path = choose_path(meta, dims)
     kernel = getattr(backend, "mla_decode", None)

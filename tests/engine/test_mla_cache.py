@@ -175,3 +175,75 @@ def test_path_choice_absorbs_for_decode_and_expands_for_long_prefill():
     assert choose_path(meta(2048, 2048), kimi) == "expanded"
     assert choose_path(meta(16, 100_000), kimi) == "absorbed"  # a chunk on a long cached prefix
     assert math.isclose(kimi.lora_rank + kimi.rope_dim, 576)
+
+
+def _slots(pages: list[int], start: int, end: int) -> torch.Tensor:
+    positions = torch.arange(start, end)
+    return torch.tensor(pages)[positions // PAGE] * PAGE + positions % PAGE
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
+def test_a_mixed_step_attends_each_sequence_as_it_would_alone(kv_dtype):
+    """Two decode tokens beside a 3-token chunk over a cached prefix and a fresh 4-token
+    prefill: the step is cut into the decode sequences together and each other sequence
+    alone (no sequence padded to another's queries), and each gets what it gets alone."""
+    torch.manual_seed(1)
+    pages = {"d1": [0], "p1": [1, 2], "d2": [3], "p2": [4]}
+    cached = {"d1": 2, "p1": 4, "d2": 3, "p2": 0}
+    new = {"d1": 1, "p1": 3, "d2": 1, "p2": 4}
+    order = list(pages)
+    kv_b = torch.randn(DIMS.num_heads * (DIMS.nope_dim + DIMS.v_dim), DIMS.lora_rank) * 0.2
+    scale = (DIMS.nope_dim + DIMS.rope_dim) ** -0.5
+    prefix = {n: (torch.randn(cached[n], 32), torch.randn(cached[n], 8) * 3) for n in order}
+    tokens = sum(new.values())
+    q_nope, q_rope = torch.randn(tokens, 4, 16), torch.randn(tokens, 4, 8)
+    latent, k_rope = torch.randn(tokens, 32), torch.randn(tokens, 8) * 3
+
+    def pool_with_prefixes():
+        pool = make(kv_dtype, num_pages=8)
+        # One earlier write of every prefix (it also sets fp8 scales once for both runs).
+        slots = torch.cat([_slots(pages[n], 0, cached[n]) for n in order])
+        pool.write(
+            0,
+            torch.cat([prefix[n][0] for n in order]),
+            torch.cat([prefix[n][1] for n in order]),
+            slots,
+        )
+        return pool
+
+    def meta_of(names):
+        return AttentionMetadata.build(
+            query_lens=[new[n] for n in names],
+            context_lens=[cached[n] + new[n] for n in names],
+            slot_mapping=torch.cat(
+                [_slots(pages[n], cached[n], cached[n] + new[n]) for n in names]
+            ),
+            context_slots=[_slots(pages[n], 0, cached[n] + new[n]) for n in names],
+            device=torch.device("cpu"),
+        )
+
+    meta = meta_of(order)
+    groups = meta.ragged_groups()
+    assert [g[1].query_lens for g in groups] == [[1, 1], [3], [4]]
+    together = mla_attention(
+        0, q_nope, q_rope, latent, k_rope, kv_b, pool_with_prefixes(), meta, DIMS, scale
+    )
+    alone_pool, start, parts = pool_with_prefixes(), 0, []
+    for n in order:
+        rows = slice(start, start + new[n])
+        parts.append(
+            mla_attention(
+                0,
+                q_nope[rows],
+                q_rope[rows],
+                latent[rows],
+                k_rope[rows],
+                kv_b,
+                alone_pool,
+                meta_of([n]),
+                DIMS,
+                scale,
+            )
+        )
+        start += new[n]
+    assert torch.allclose(together, torch.cat(parts), rtol=0, atol=1e-5)
