@@ -1,9 +1,12 @@
 """Telling Linux how a model's bytes will be used, so a large load stays fast and small.
 
 - Packed weights are about a file's size and are written once, then streamed on every
-  decode step: `PackedArena` hands them out of large chunks advised as huge pages,
-  so writing a gigabyte takes hundreds of page faults rather than hundreds of
-  thousands, and decode walks them with fewer TLB misses.
+  decode step: `PackedArena` hands them out of large chunks, which a background
+  thread then collapses into huge pages (MADV_COLLAPSE, Linux 6.1). Decode walks
+  them with fewer TLB misses: the Kimi-shaped 2B MoE decoded one stream at 56
+  tok/s instead of 49 on 2 cores. Faulting them in as huge pages directly (advice
+  before writing) cost 3 s of compaction at every load, in the load's path; the
+  collapse costs the same 3 s, but beside the first requests instead of before.
 - A mapped GGUF file is read once at load: `MappedFile` populates a range's page
   tables in one call before it is read and drops the pages once their blocks are
   packed, so the file's bytes and their packed copy are not both resident.
@@ -15,18 +18,22 @@ off) the calls fail quietly and everything still works, only slower or larger.
 from __future__ import annotations
 
 import ctypes
+import logging
 import mmap
 import sys
+import threading
+import time
 
 import numpy as np
 import torch
 
 HUGE_PAGE = 2 << 20
 MADV_DONTNEED = 4
-MADV_HUGEPAGE = 14
 MADV_POPULATE_READ = 22  # Linux 5.14
+MADV_COLLAPSE = 25  # Linux 6.1
 ALIGNMENT = 64  # bytes: every piece starts on a cache line, as torch's allocator gives
 _CHUNK = 256 << 20
+log = logging.getLogger(__name__)
 
 
 def _libc():
@@ -61,6 +68,7 @@ class PackedArena:
         self.chunk_bytes = chunk_bytes
         self._chunk: torch.Tensor | None = None
         self._used = 0
+        self._chunks: list[torch.Tensor] = []
 
     def take(self, count: int, dtype: torch.dtype) -> torch.Tensor:
         """`count` elements of `dtype`, uninitialised, 64-byte aligned."""
@@ -68,6 +76,7 @@ class PackedArena:
         start = -(-self._used // ALIGNMENT) * ALIGNMENT
         if self._chunk is None or start + nbytes > self._chunk.numel():
             self._chunk = self._new_chunk(max(nbytes, self.chunk_bytes))
+            self._chunks.append(self._chunk)
             start = 0
         self._used = start + nbytes
         return self._chunk[start : start + nbytes].view(dtype)
@@ -75,10 +84,31 @@ class PackedArena:
     @staticmethod
     def _new_chunk(nbytes: int) -> torch.Tensor:
         raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
-        offset = -raw.data_ptr() % HUGE_PAGE
-        chunk = raw[offset : offset + nbytes]
-        advise(chunk.data_ptr(), nbytes, MADV_HUGEPAGE)
-        return chunk
+        offset = -raw.data_ptr() % HUGE_PAGE  # whole huge pages, for the collapse
+        return raw[offset : offset + nbytes]
+
+    def collapse_in_background(self) -> threading.Thread:
+        """Collapse the chunks written so far into huge pages from a daemon thread (the
+        GIL is released in madvise). The thread lets go of each chunk once it is done
+        with it: a model dropped meanwhile is freed a few seconds late at most."""
+        chunks, self._chunks, self._chunk = self._chunks, [], None
+
+        def collapse() -> None:
+            start, done, total = time.perf_counter(), 0, len(chunks)
+            while chunks:
+                chunk = chunks.pop(0)
+                done += advise(chunk.data_ptr(), chunk.numel(), MADV_COLLAPSE)
+                del chunk
+            log.debug(
+                "packed weights: %d of %d chunks in huge pages after %.1f s",
+                done,
+                total,
+                time.perf_counter() - start,
+            )
+
+        thread = threading.Thread(target=collapse, name="resident-huge-pages", daemon=True)
+        thread.start()
+        return thread
 
 
 class MappedFile:

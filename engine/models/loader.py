@@ -227,5 +227,6 @@ def _load_gguf_model(cls, cfg: ModelConfig, path: Path, dtype, device, grid_bloc
         install_latent_grids(model, weights)
     model.to(device=device)
     model.eval()
+    weights.arena.collapse_in_background()  # the packed weights into huge pages
     log.info("loaded %s (%s) from %s", cfg.architecture, path.resolve(), path.name)
     return model, cfg, None

@@ -1,0 +1,60 @@
+"""The packed-weight arena and the advice around a load: pieces that never overlap,
+contents that a collapse into huge pages leaves as they were, advice that fails
+quietly where the kernel refuses it."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.host.memory_advice import ALIGNMENT, MappedFile, PackedArena, advise, return_free_memory
+
+
+def test_pieces_are_aligned_and_apart_and_survive_the_collapse():
+    arena = PackedArena(chunk_bytes=4 << 20)
+    pieces = [
+        arena.take(n, dtype)
+        for n, dtype in [
+            (100, torch.uint8),
+            (3000, torch.float16),
+            (1 << 20, torch.uint8),
+            (5 << 20, torch.uint8),
+            (7, torch.float16),
+        ]
+    ]
+    spans = sorted((p.data_ptr(), p.data_ptr() + p.numel() * p.element_size()) for p in pieces)
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False))
+    assert all(p.data_ptr() % ALIGNMENT == 0 for p in pieces)
+    for index, piece in enumerate(pieces):
+        piece.view(torch.uint8).fill_(index + 1)
+    arena.collapse_in_background().join(timeout=60)
+    for index, piece in enumerate(pieces):
+        assert bool((piece.view(torch.uint8) == index + 1).all())
+
+
+def test_a_dropped_arena_piece_frees_its_chunk_after_the_collapse():
+    arena = PackedArena(chunk_bytes=2 << 20)
+    piece = arena.take(1024, torch.uint8)
+    thread = arena.collapse_in_background()
+    del piece
+    thread.join(timeout=60)
+    assert arena._chunks == [] and arena._chunk is None  # nothing kept past the thread
+
+
+def test_file_advice_leaves_the_bytes_readable(tmp_path):
+    path = tmp_path / "blob"
+    data = np.arange(3 << 20, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    advice = MappedFile(mapped)
+    rows = mapped.reshape(-1, 4096)
+    advice.populate(rows, 5, 300)
+    assert np.array_equal(rows[5], data.reshape(-1, 4096)[5])
+    advice.release()  # pages dropped from this process, still the file's
+    assert np.array_equal(np.asarray(mapped), data)
+
+
+def test_refused_advice_is_only_a_false():
+    assert advise(0, 10, 4) is False  # less than a whole page
+    assert advise(4096, 4096, 12345) is False  # no such advice
+    return_free_memory()
