@@ -88,13 +88,19 @@ def engine_held(model) -> list[Held]:
     for name, module in model.named_modules():
         beside = module.method.bytes_beside(module) if isinstance(module, MethodLinear) else 0
         for param_name, param in module.named_parameters(recurse=False):
-            if param.data_ptr() in seen or (beside and param_name == "weight"):
+            skipped = beside and param_name == "weight"
+            if param.numel() == 0 or param.data_ptr() in seen or skipped:
                 continue
             seen.add(param.data_ptr())
             rows = param.shape[0] if param.dim() == 2 else 1
             held.append(Held(f"{name}.{param_name}", param.numel() * param.element_size(), rows))
         if beside:
             held.append(Held(f"{name}.packed", beside))
+        packed = module.packed_bytes() if hasattr(module, "packed_bytes") else 0
+        if packed:  # weights a module keeps outside parameters: a grid embedding, MLA's
+            # latent grids; an embedding table is read a row a token
+            rows = getattr(module, "vocab_size", 1)
+            held.append(Held(f"{name}.weight" if rows > 1 else f"{name}.grids", packed, rows))
     return held
 
 
