@@ -59,7 +59,7 @@ def use_cpu_layer_kernels(model: torch.nn.Module, fuse_decode: bool) -> None:
         routed["fused MoE layers"] = use_cpu_moe_blocks(model)
     fused = fused_decode_for(model) if fuse_decode else None
     if fused is not None:
-        model.model.decode_step = fused
+        model.use_decode_step(fused)
     routed["fused decode"] = int(fused is not None)
     log.info("CPU layer kernels: %s", ", ".join(f"{n} {k}" for k, n in routed.items()))
 

@@ -77,6 +77,11 @@ class CausalLM(nn.Module):
         head = self.lm_head
         return head.gather(head.method.logits(head, hidden)).float()
 
+    def use_decode_step(self, step) -> None:
+        """Run whole decode steps with `step` (a FusedDecode of engine/models/, chosen at
+        load), which declines the steps it does not cover; None: the layers always."""
+        self.model.decode_step = step
+
     def use_layer_ops(self, ops) -> dict[str, int]:
         """Compute norms, SwiGLU, rotary and the K/V rotations with `ops` (chosen once,
         at load: engine/layers/layer_ops.py); returns how many of each now use it."""
