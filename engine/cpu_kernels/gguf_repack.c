@@ -37,7 +37,12 @@ static inline int file_block_scales(const uint8_t *block, int type, uint16_t *d,
     return (*m & 0x7C00) != 0x7C00; /* exponent all ones: inf or nan */
 }
 
-static inline void store4(uint8_t *dst, uint32_t v) { memcpy(dst, &v, 4); }
+/* The four 32-bit words of v into vectors 0-3 of a group, at one lane's bytes. */
+static inline void store_words(uint8_t *at, __m128i v) {
+    uint32_t words[4];
+    _mm_storeu_si128((__m128i *)words, v);
+    for (int j = 0; j < 4; j++) memcpy(at + j * 64, &words[j], 4);
+}
 
 /* One block's codes into its group of a tile, lane `lane` (row lane of the tile): vector
    j of the group holds, at bytes 4 lane.., the codes of k = 4j..4j+3. A Q4 block's byte
@@ -51,38 +56,22 @@ static inline void block_into_group(const uint8_t *block, int type, int dst_bits
     if (type == BLOCKS_Q8_0) { /* u = q + 128: flip the sign bit */
         const __m256i u =
             _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(block + 2)), _mm256_set1_epi8(-128));
-        const __m128i low = _mm256_castsi256_si128(u), high = _mm256_extracti128_si256(u, 1);
-        store4(at + 0 * 64, (uint32_t)_mm_cvtsi128_si32(low));
-        store4(at + 1 * 64, (uint32_t)_mm_extract_epi32(low, 1));
-        store4(at + 2 * 64, (uint32_t)_mm_extract_epi32(low, 2));
-        store4(at + 3 * 64, (uint32_t)_mm_extract_epi32(low, 3));
-        store4(at + 4 * 64, (uint32_t)_mm_cvtsi128_si32(high));
-        store4(at + 5 * 64, (uint32_t)_mm_extract_epi32(high, 1));
-        store4(at + 6 * 64, (uint32_t)_mm_extract_epi32(high, 2));
-        store4(at + 7 * 64, (uint32_t)_mm_extract_epi32(high, 3));
+        store_words(at, _mm256_castsi256_si128(u));
+        store_words(at + 4 * 64, _mm256_extracti128_si256(u, 1));
         return;
     }
     const __m128i q = _mm_loadu_si128((const __m128i *)(block + (type == BLOCKS_Q4_1 ? 4 : 2)));
     const __m128i mask = _mm_set1_epi8(0x0F);
     const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
     if (dst_bits == 8) { /* codes 0-15 are lo, 16-31 hi */
-        store4(at + 0 * 64, (uint32_t)_mm_cvtsi128_si32(lo));
-        store4(at + 1 * 64, (uint32_t)_mm_extract_epi32(lo, 1));
-        store4(at + 2 * 64, (uint32_t)_mm_extract_epi32(lo, 2));
-        store4(at + 3 * 64, (uint32_t)_mm_extract_epi32(lo, 3));
-        store4(at + 4 * 64, (uint32_t)_mm_cvtsi128_si32(hi));
-        store4(at + 5 * 64, (uint32_t)_mm_extract_epi32(hi, 1));
-        store4(at + 6 * 64, (uint32_t)_mm_extract_epi32(hi, 2));
-        store4(at + 7 * 64, (uint32_t)_mm_extract_epi32(hi, 3));
+        store_words(at, lo);
+        store_words(at + 4 * 64, hi);
         return;
     }
     /* lanes 0 and 2 of `low` are v0 and v1, of `high` v2 and v3 */
     const __m128i low = _mm_or_si128(lo, _mm_slli_epi16(_mm_srli_si128(lo, 4), 4));
     const __m128i high = _mm_or_si128(hi, _mm_slli_epi16(_mm_srli_si128(hi, 4), 4));
-    store4(at + 0 * 64, (uint32_t)_mm_cvtsi128_si32(low));
-    store4(at + 1 * 64, (uint32_t)_mm_extract_epi32(low, 2));
-    store4(at + 2 * 64, (uint32_t)_mm_cvtsi128_si32(high));
-    store4(at + 3 * 64, (uint32_t)_mm_extract_epi32(high, 2));
+    store_words(at, _mm_unpacklo_epi64(_mm_shuffle_epi32(low, 0x08), _mm_shuffle_epi32(high, 0x08)));
 }
 
 /* Rows `row_index[0..n)` (or first_row.. when row_index is NULL) of a tensor of blocks
