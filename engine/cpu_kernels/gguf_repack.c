@@ -1,4 +1,4 @@
-/* llama.cpp's Q4_0, Q4_1 and Q8_0 blocks copied straight into the plain grid layouts
+/* llama.cpp's Q4_0, Q4_1, Q8_0, Q5_0 and Q5_1 blocks copied straight into the plain grid layouts
    (grid_formats.h, GRID_U4 and GRID_U8), rows at a time, with no array in between.
 
    engine/weights/gguf_blocks.py says what each block means and does the same in numpy
@@ -12,7 +12,10 @@
 
 #include "grid_formats.h"
 
-enum { BLOCKS_Q4_0 = 0, BLOCKS_Q4_1 = 1, BLOCKS_Q8_0 = 2 };
+enum { BLOCKS_Q4_0 = 0, BLOCKS_Q4_1 = 1, BLOCKS_Q8_0 = 2, BLOCKS_Q5_0 = 3, BLOCKS_Q5_1 = 4 };
+
+static inline int block_has_m(int type) { return type == BLOCKS_Q4_1 || type == BLOCKS_Q5_1; }
+static inline int block_has_fifth(int type) { return type == BLOCKS_Q5_0 || type == BLOCKS_Q5_1; }
 
 static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -27,13 +30,15 @@ static inline uint16_t read_half(const uint8_t *p) {
 }
 
 /* A block's d and its offset m as half; returns 0 when the derived offset overflowed
-   half (-8 d or -128 d: exact whenever finite). */
+   half (-8 d, -16 d or -128 d: exact whenever finite). */
 static inline int file_block_scales(const uint8_t *block, int type, uint16_t *d, uint16_t *m) {
     *d = read_half(block);
-    if (type == BLOCKS_Q4_1)
+    if (block_has_m(type))
         *m = read_half(block + 2);
     else
-        *m = float_to_half(half_to_float(*d) * (type == BLOCKS_Q8_0 ? -128.0f : -8.0f));
+        *m = float_to_half(half_to_float(*d) * (type == BLOCKS_Q8_0   ? -128.0f
+                                                : type == BLOCKS_Q5_0 ? -16.0f
+                                                                      : -8.0f));
     return (*m & 0x7C00) != 0x7C00; /* exponent all ones: inf or nan */
 }
 
@@ -42,6 +47,15 @@ static inline void store_words(uint8_t *at, __m128i v) {
     uint32_t words[4];
     _mm_storeu_si128((__m128i *)words, v);
     for (int j = 0; j < 4; j++) memcpy(at + j * 64, &words[j], 4);
+}
+
+/* 16 bits as 16 bytes, 0x10 where the bit is set: byte i takes bit i. */
+static inline __m128i fifth_bits(uint32_t bits) {
+    const __m128i spread = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)bits),
+                                            _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    const __m128i which = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+    const __m128i set = _mm_cmpeq_epi8(_mm_and_si128(spread, which), which);
+    return _mm_and_si128(set, _mm_set1_epi8(0x10));
 }
 
 /* One block's codes into its group of a tile, lane `lane` (row lane of the tile): vector
@@ -60,9 +74,17 @@ static inline void block_into_group(const uint8_t *block, int type, int dst_bits
         store_words(at + 4 * 64, _mm256_extracti128_si256(u, 1));
         return;
     }
-    const __m128i q = _mm_loadu_si128((const __m128i *)(block + (type == BLOCKS_Q4_1 ? 4 : 2)));
+    const int fifth = block_has_fifth(type);
+    const int start = (block_has_m(type) ? 4 : 2) + (fifth ? 4 : 0);
+    const __m128i q = _mm_loadu_si128((const __m128i *)(block + start));
     const __m128i mask = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    if (fifth) { /* bit j of the 4 bytes before the nibbles: code j's fifth bit (8-bit only) */
+        uint32_t bits;
+        memcpy(&bits, block + start - 4, 4);
+        lo = _mm_or_si128(lo, fifth_bits(bits & 0xFFFF));
+        hi = _mm_or_si128(hi, fifth_bits(bits >> 16));
+    }
     if (dst_bits == 8) { /* codes 0-15 are lo, 16-31 hi */
         store_words(at, lo);
         store_words(at + 4 * 64, hi);
@@ -79,13 +101,15 @@ static inline void block_into_group(const uint8_t *block, int type, int dst_bits
    `dst_bits` (4 or 8; 4-bit blocks go into an 8-bit weight as they are, u < 16 still u).
    `codes` and `scales` are the weight's whole buffers, zeroed by the caller where rows
    are padding. Returns 0; -2 for an unknown block type or an 8-bit block into a 4-bit
-   weight; -3 when some derived offset overflowed half (the weight is then not exact). */
+   weight (or a Q5 one); -3 when some derived offset overflowed half (the weight is then
+   not exact). */
 int gguf_grid_repack(const uint8_t *src, const int64_t *row_index, int64_t first_row, int64_t n,
                      int64_t row_bytes, int64_t groups, int type, uint8_t *codes,
                      uint16_t *scales, int64_t dst_row0, int dst_bits, int threads) {
-    if (type < BLOCKS_Q4_0 || type > BLOCKS_Q8_0 || (dst_bits != 4 && dst_bits != 8)) return -2;
-    if (type == BLOCKS_Q8_0 && dst_bits == 4) return -2;
-    const int64_t block_bytes = type == BLOCKS_Q8_0 ? 34 : type == BLOCKS_Q4_1 ? 20 : 18;
+    static const int64_t bytes_of[5] = {18, 20, 34, 22, 24};
+    if (type < BLOCKS_Q4_0 || type > BLOCKS_Q5_1 || (dst_bits != 4 && dst_bits != 8)) return -2;
+    if ((type == BLOCKS_Q8_0 || block_has_fifth(type)) && dst_bits == 4) return -2;
+    const int64_t block_bytes = bytes_of[type];
     const int64_t fmt = dst_bits == 4 ? GRID_U4 : GRID_U8;
     const int64_t w_tile = tile_bytes(fmt, groups), s_tile = tile_scale_bytes(fmt, groups);
     int overflow = 0;

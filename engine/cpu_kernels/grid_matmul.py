@@ -44,6 +44,24 @@ class GridFormat(IntEnum):
         """Values along a row that share scales: a row is whole blocks."""
         return GROUP if self in (GridFormat.U4, GridFormat.U8) else SUPER_BLOCK
 
+    @property
+    def tile_bytes_per_block(self) -> tuple[int, int]:
+        """A tile's bytes of (codes, scales) per block of `block` values (grid_formats.h
+        group_bytes times the block's groups, and block_scale_bytes)."""
+        return _TILE_BYTES_PER_BLOCK[self.name]
+
+
+# codes: a group's 16 rows x 32 values (nibbles and planes) times the groups of a block;
+# scales: 16 d and 16 m (plain), 16 d, 16 dmin and 8 x 32 factor bytes (Q4_K, Q5_K), or 16 d
+# and 8 x 32 (Q6_K)
+_TILE_BYTES_PER_BLOCK = {
+    "U4": (256, 64),
+    "U8": (512, 64),
+    "Q4_K": (8 * 256, 64 + 8 * 32),
+    "Q5_K": (8 * 320, 64 + 8 * 32),
+    "Q6_K": (8 * 384, 32 + 8 * 32),
+}
+
 
 class GridWeightRef(ctypes.Structure):
     """kernels.h's GridWeightRef: one grid weight as the composing kernels take it."""

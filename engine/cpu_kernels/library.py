@@ -112,6 +112,8 @@ _SIGNATURES = {
     # src, row_index, first_row, n, row_bytes, groups, type, codes, scales, dst_row0,
     # dst_bits, threads
     "gguf_grid_repack": [_PTR, _PTR, _I64, _I64, _I64, _I64, _INT, _PTR, _PTR, _I64, _INT, _INT],
+    # src, row_index, first_row, n, row_bytes, supers, type, codes, scales, dst_row0, threads
+    "gguf_kquant_repack": [_PTR, _PTR, _I64, _I64, _I64, _I64, _INT, _PTR, _PTR, _I64, _INT],
     # x, rows, cols, out, threads
     "argmax_rows": [_PTR, _I64, _I64, _PTR, _INT],
     # x, residual, weight, eps, out, rows, hidden, threads

@@ -4,12 +4,13 @@ The file is memory-mapped (gguf's reader) and its tensor plan
 (engine/model_files/gguf_plan.py) says which rows of which GGUF tensors make
 each Hugging Face tensor. Two kinds of layer:
 
-- A linear layer whose every piece is rows of Q4_0, Q4_1 or Q8_0 tensors, or
-  rows of K-quant tensors of one type (Q4_K, Q5_K, Q6_K), with the CPU grid
-  kernel in use, is given its grid method before any memory is allocated for
-  it: the blocks' codes and scales go straight into the kernel's layout
-  (engine/weights/gguf_blocks.py, gguf_kquants.py), exact, and no dense copy
-  of the weight ever exists.
+- A linear layer whose every piece is rows of Q4_0, Q4_1, Q8_0, Q5_0 or Q5_1
+  tensors, or rows of K-quant tensors of one type (Q4_K, Q5_K, Q6_K), with the
+  CPU grid kernel in use, is given its grid method before any memory is
+  allocated for it: the blocks' codes and scales go from the mapped file
+  straight into the kernel's layout, in C (engine/weights/gguf_blocks.py,
+  gguf_repack.c, gguf_kquant_repack.c), exact, and no dense copy of the
+  weight ever exists.
 - Everything else (norms, embeddings, routers, float tensors, a fused layer
   whose parts mix a K-quant with another type, a tensor that needs a transform
   such as DeepSeek's transposed `attn_k_b`) is dequantized one tensor at a time
@@ -49,6 +50,7 @@ from engine.weights.gguf_blocks import (
     offsets_exact,
     pack_grid_rows,
     repack_block_rows,
+    repack_kquant_rows,
 )
 from engine.weights.gguf_kquants import (
     KQUANT_TYPES,
@@ -88,7 +90,7 @@ class GGUFWeights:
             tensor = self.tensors[piece.source]
             total, columns = row_view_shape(tuple(reversed(tensor.shape.tolist())))
             type_name = self._type_name(piece.source)
-            if type_name in BLOCK_TYPES and not unavailable():
+            if not unavailable():
                 view = tensor.data.reshape(total, -1)
                 parts.append(BlockRows([(view, _selection(piece.rows), type_name)], columns))
                 continue
@@ -108,13 +110,17 @@ class GGUFWeights:
             return None
         total, columns = row_view_shape(tuple(reversed(tensor.shape.tolist())))
         view = tensor.data.reshape(total, -1)
-        if type_name in BLOCK_TYPES and not unavailable():
+        if not unavailable():
             return self.grid_weight(BlockRows([(view, slice(0, total), type_name)], columns))
         decode = decode_blocks if type_name in BLOCK_TYPES else decode_kquant_blocks
         return self.grid_weight(decode(view, type_name, columns))
 
     def grid_weight(self, rows: BlockRows | GridRows | KQuantRows) -> GridWeight | None:
         """The rows packed for the grid kernel, or None when they are not exact on it."""
+        if isinstance(rows, BlockRows) and rows.kind in KQUANT_TYPES:
+            fmt = KQUANT_TYPES[rows.kind][1]
+            codes, scales = repack_kquant_rows(rows, self.arena.take, self.mapped)
+            return GridWeight(codes, scales, fmt.bits, rows.rows, fmt.name, format=fmt)
         if isinstance(rows, BlockRows):
             packed = repack_block_rows(rows, self.arena.take, self.mapped)
             if packed is None:
@@ -141,7 +147,23 @@ class GGUFWeights:
             yield plan.name, torch.from_numpy(values)
 
     def _rows(self, source: str, selection) -> np.ndarray:
-        return dequantized_rows(self.tensors[source], selection)
+        """Rows in float32: blocks this module reads decoded by its own numpy decoders
+        (whole arrays; the same values, tested against gguf), others by gguf's."""
+        tensor, type_name = self.tensors[source], self._type_name(source)
+        decode = _DECODERS.get(type_name)
+        if decode is None:
+            return dequantized_rows(tensor, selection)
+        total, columns = row_view_shape(tuple(reversed(tensor.shape.tolist())))
+        rows = decode(tensor.data.reshape(total, -1)[selection], type_name, columns)
+        if isinstance(rows, GridRows) and not offsets_exact(rows):  # -128 d overflowed half
+            return dequantized_rows(tensor, selection)
+        return rows.values()
+
+
+_DECODERS = {
+    **{type_name: decode_blocks for type_name in BLOCK_TYPES},
+    **{type_name: decode_kquant_blocks for type_name in KQUANT_TYPES},
+}
 
 
 def _join(parts: list) -> BlockRows | GridRows | KQuantRows | None:

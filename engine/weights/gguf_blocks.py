@@ -10,6 +10,8 @@ multiplies (engine/cpu_kernels/grid_matmul.c: w = d * u + m):
 - Q4_1, 20 bytes: d, m, the same nibbles; w = d * u + m.
 - Q8_0, 34 bytes: d, then 32 signed bytes q; w = d * q, so u = q + 128 and
   m = -128 d.
+- Q5_0, 22 bytes: d, 4 bytes of fifth bits (bit j for value j), the nibbles as
+  Q4_0's; w = d * (u - 16), m = -16 d. Q5_1, 24 bytes: d, m, then the same.
 
 Nothing goes through float32: a tensor's bytes become codes and half scales,
 and the values the kernel sees are exactly the ones gguf's own dequantizer
@@ -26,13 +28,22 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.cpu_kernels.grid_matmul import pack_codes
+from engine.cpu_kernels.grid_matmul import SUPER_BLOCK, pack_codes
 from engine.host.memory_advice import MappedFile
+from engine.weights.gguf_kquants import KQUANT_TYPES
 
 GROUP = 32
 TILE = 16
 # type name -> (bytes per block, bits of the codes)
-BLOCK_TYPES = {"Q4_0": (18, 4), "Q4_1": (20, 4), "Q8_0": (34, 8)}
+# (Q5_0 and Q5_1 codes, 0..31, are kept as 8-bit codes: the kernel has no 5-bit plain grid.
+# Q4_K_M files hold them where a row is not whole K-quant super-blocks, as MLA's attn_k_b.)
+BLOCK_TYPES = {
+    "Q4_0": (18, 4),
+    "Q4_1": (20, 4),
+    "Q8_0": (34, 8),
+    "Q5_0": (22, 8),
+    "Q5_1": (24, 8),
+}
 
 
 @dataclass
@@ -70,13 +81,18 @@ def decode_blocks(data: np.ndarray, type_name: str, columns: int) -> GridRows:
         codes = (q.astype(np.int16) + 128).astype(np.uint8)
         m = (d.astype(np.float32) * -128).astype(np.float16)
         return GridRows(codes, d, m, bits)
-    start = 4 if type_name == "Q4_1" else 2
+    with_m = type_name in ("Q4_1", "Q5_1")
+    fifth = type_name in ("Q5_0", "Q5_1")
+    start = (4 if with_m else 2) + (4 if fifth else 0)
     nibbles = blocks[..., start:]
     codes = np.concatenate((nibbles & 0x0F, nibbles >> 4), axis=-1)
-    if type_name == "Q4_1":
+    if fifth:  # 4 bytes, little-endian: bit j is code j's fifth bit
+        high = blocks[..., start - 4 : start].copy().view("<u4")
+        codes |= (((high >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
+    if with_m:
         m = blocks[..., 2:4].copy().view(np.float16).reshape(rows, groups)
     else:
-        m = (d.astype(np.float32) * -8).astype(np.float16)
+        m = (d.astype(np.float32) * (-16 if fifth else -8)).astype(np.float16)
     return GridRows(codes, d, m, bits)
 
 
@@ -107,9 +123,10 @@ def pack_grid_rows(rows: GridRows) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass
 class BlockRows:
-    """Rows of Q4_0, Q4_1 or Q8_0 tensors still in the mapped file, in order: each piece
-    is (the tensor's row view [rows, row bytes] uint8, the rows taken, its type name).
-    Packed by `repack_block_rows` without decoding them first."""
+    """Rows of quantized tensors still in the mapped file, in order: each piece is (the
+    tensor's row view [rows, row bytes] uint8, the rows taken, its type name). Plain
+    blocks (Q4_0, Q4_1, Q8_0, in any mix) are packed by `repack_block_rows`, K-quant
+    super-blocks of one type by `repack_kquant_rows`, neither decoded first."""
 
     pieces: list[tuple[np.ndarray, slice | np.ndarray, str]]
     columns: int
@@ -119,7 +136,19 @@ class BlockRows:
         return sum(_count(data, taken) for data, taken, _ in self.pieces)
 
     @property
+    def kind(self) -> str | None:
+        """ "plain", the K-quant type name when every piece is of that type, or None for a
+        mix that no one layout holds."""
+        types = {type_name for _, _, type_name in self.pieces}
+        if types <= BLOCK_TYPES.keys():
+            return "plain"
+        return types.pop() if len(types) == 1 and types <= KQUANT_TYPES.keys() else None
+
+    @property
     def bits(self) -> int:
+        """The packed codes' width: a K-quant type's, or 8 if any plain piece is 8-bit."""
+        if self.kind in KQUANT_TYPES:
+            return KQUANT_TYPES[self.kind][1].bits
         return max(BLOCK_TYPES[type_name][1] for _, _, type_name in self.pieces)
 
 
@@ -129,36 +158,24 @@ def _count(data: np.ndarray, taken: slice | np.ndarray) -> int:
     return len(taken)
 
 
-_BLOCK_CODES = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
+_BLOCK_CODES = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q5_0": 3, "Q5_1": 4}
+_KQUANT_CODES = {"Q4_K": 0, "Q5_K": 1, "Q6_K": 2}
 
 
-def join_block_rows(parts: list[BlockRows]) -> BlockRows:
-    return BlockRows([piece for part in parts for piece in part.pieces], parts[0].columns)
+def join_block_rows(parts: list[BlockRows]) -> BlockRows | None:
+    """The parts' rows one after another, or None when their types mix a K-quant with
+    another type (no one layout holds both)."""
+    joined = BlockRows([piece for part in parts for piece in part.pieces], parts[0].columns)
+    return joined if joined.kind is not None else None
 
 
-def repack_block_rows(
-    rows: BlockRows, allocate=None, mapped: MappedFile | None = None
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """What pack_grid_rows(decode_blocks(...)) gives, byte for byte, written by the C
-    kernel (gguf_repack.c) from the file's blocks; None when a derived offset (-8 d of
-    Q4_0, -128 d of Q8_0) overflows half, so the weight is not exact on the grid.
-
-    `allocate(count, dtype)` gives the output's flat tensors (a PackedArena's `take`;
-    torch.empty by default); `mapped`, the file's advice, has each piece's page tables
-    populated in one call before the kernel reads it."""
-    from engine.cpu_kernels.library import library
-
-    allocate = allocate or (lambda count, dtype: torch.empty(count, dtype=dtype))
-    groups, bits, total = rows.columns // GROUP, rows.bits, rows.rows
-    tiles = -(-total // TILE)
-    codes = allocate(tiles * TILE * groups * GROUP * bits // 8, torch.uint8)
-    scales = allocate(tiles * TILE * groups * 2, torch.float16)
-    if total % TILE:  # the last tile's padding rows are zeros, as pack_codes pads them
-        codes[-TILE * groups * GROUP * bits // 8 :].zero_()
-        scales[-TILE * groups * 2 :].zero_()
-    written = 0
+def _pieces(rows: BlockRows, mapped: MappedFile | None):
+    """Each piece as (its row view, the row index array or None, the first row, the
+    count), its rows' page tables populated first when `mapped` is given."""
     for data, taken, type_name in rows.pieces:
-        if data.shape[1] != groups * BLOCK_TYPES[type_name][0] or data.strides[1] != 1:
+        block_bytes = (BLOCK_TYPES.get(type_name) or KQUANT_TYPES[type_name])[0]
+        per_block = GROUP if type_name in BLOCK_TYPES else SUPER_BLOCK
+        if data.shape[1] * per_block != rows.columns * block_bytes or data.strides[1] != 1:
             raise ValueError(f"a row of {type_name} blocks is not {rows.columns} values")
         index, first = None, 0
         if isinstance(taken, slice):
@@ -177,6 +194,39 @@ def repack_block_rows(
         if mapped is not None:
             low, high = (first, first + count - 1) if index is None else (index.min(), index.max())
             mapped.populate(data, int(low), int(high))
+        yield data, type_name, index, first, count
+
+
+def _outputs(allocate, tiles: int, code_bytes: int, scale_bytes: int):
+    """The packed weight's flat (codes, scales) buffers, `code_bytes` and `scale_bytes` a
+    tile, the last tile zeroed (its padding rows are zeros, as the packers pad them)."""
+    allocate = allocate or (lambda count, dtype: torch.empty(count, dtype=dtype))
+    codes = allocate(tiles * code_bytes, torch.uint8)
+    scales = allocate(tiles * scale_bytes, torch.uint8)
+    codes[-code_bytes:].zero_()
+    scales[-scale_bytes:].zero_()
+    return codes, scales
+
+
+def repack_block_rows(
+    rows: BlockRows, allocate=None, mapped: MappedFile | None = None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """What pack_grid_rows(decode_blocks(...)) gives, byte for byte, written by the C
+    kernel (gguf_repack.c) from the file's blocks; None when a derived offset (-8 d of
+    Q4_0, -128 d of Q8_0) overflows half, so the weight is not exact on the grid.
+
+    `allocate(count, dtype)` gives the output's flat tensors (a PackedArena's `take`;
+    torch.empty by default); `mapped`, the file's advice, has each piece's page tables
+    populated in one call before the kernel reads it."""
+    from engine.cpu_kernels.library import library
+
+    if rows.kind != "plain":
+        raise ValueError(f"repack_block_rows takes Q4_0, Q4_1 and Q8_0 rows, not {rows.kind}")
+    groups, bits = rows.columns // GROUP, rows.bits
+    tiles = -(-rows.rows // TILE)
+    codes, scales = _outputs(allocate, tiles, TILE * groups * GROUP * bits // 8, TILE * groups * 4)
+    written = 0
+    for data, type_name, index, first, count in _pieces(rows, mapped):
         status = library().gguf_grid_repack(
             data.ctypes.data,
             None if index is None else index.ctypes.data,
@@ -195,5 +245,42 @@ def repack_block_rows(
             return None
         if status != 0:
             raise ValueError(f"gguf_grid_repack refused {type_name} rows into a {bits}-bit grid")
+        written += count
+    return codes, scales.view(torch.float16)
+
+
+def repack_kquant_rows(
+    rows: BlockRows, allocate=None, mapped: MappedFile | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What pack_kquant_rows(decode_kquant_blocks(...)) gives, byte for byte, written by
+    the C kernel (gguf_kquant_repack.c) from the file's super-blocks of one K-quant type;
+    `allocate` and `mapped` as for repack_block_rows."""
+    from engine.cpu_kernels.library import library
+
+    type_name = rows.kind
+    if type_name not in KQUANT_TYPES:
+        raise ValueError(f"repack_kquant_rows takes rows of one K-quant type, not {type_name}")
+    fmt = KQUANT_TYPES[type_name][1]
+    supers = rows.columns // SUPER_BLOCK
+    tiles = -(-rows.rows // TILE)
+    code_bytes, scale_bytes = fmt.tile_bytes_per_block
+    codes, scales = _outputs(allocate, tiles, supers * code_bytes, supers * scale_bytes)
+    written = 0
+    for data, _, index, first, count in _pieces(rows, mapped):
+        status = library().gguf_kquant_repack(
+            data.ctypes.data,
+            None if index is None else index.ctypes.data,
+            first,
+            count,
+            data.strides[0],
+            supers,
+            _KQUANT_CODES[type_name],
+            codes.data_ptr(),
+            scales.data_ptr(),
+            written,
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise ValueError(f"gguf_kquant_repack refused {type_name} rows")
         written += count
     return codes, scales

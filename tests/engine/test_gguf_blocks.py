@@ -1,4 +1,4 @@
-"""GGUF Q4_0/Q4_1/Q8_0 blocks read into grid codes: exactly the values gguf dequantizes."""
+"""GGUF Q4_0/Q4_1/Q8_0/Q5_0/Q5_1 blocks read into grid codes: exactly the values gguf dequantizes."""
 
 from __future__ import annotations
 
@@ -97,6 +97,9 @@ def test_a_row_of_partial_blocks_is_refused():
         # a fused layer: 4-bit pieces beside an 8-bit one, rows picked out of order
         [("Q4_1", slice(5, 22)), ("Q8_0", np.array([39, 0, 7, 7, 12])), ("Q4_0", slice(0, 11))],
         [("Q4_0", np.array([2, 30, 31])), ("Q4_1", slice(16, 40))],
+        # Q5_0 and Q5_1 as 8-bit codes, alone and beside 4-bit pieces
+        [("Q5_0", slice(0, ROWS))],
+        [("Q5_1", slice(1, 40, 2)), ("Q4_0", slice(0, 9)), ("Q5_0", np.array([4, 4, 0]))],
     ],
 )
 def test_the_c_repacker_writes_what_the_numpy_packer_writes(pieces):
@@ -116,7 +119,7 @@ def test_the_c_repacker_writes_what_the_numpy_packer_writes(pieces):
 
 
 @pytest.mark.skipif(bool(unavailable()), reason=f"CPU kernels: {unavailable()}")
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "Q5_0"])
 def test_an_offset_that_overflows_half_leaves_the_weight_to_the_dense_path(type_name):
     """-8 d (Q4_0) and -128 d (Q8_0) are exact in half unless they overflow: then the
     repacker says so and the layer is loaded dense, as offsets_exact says for numpy."""

@@ -40,6 +40,7 @@ from engine.model_files.gguf_convert import convert_gguf
 from engine.models.cpu_decode_step import FusedDecode
 from engine.models.decoder import GatedMLP
 from engine.models.loader import GGUF_WEIGHTS
+from engine.weights.gguf_blocks import BlockRows, join_block_rows, repack_kquant_rows
 from engine.weights.gguf_kquants import (
     KQUANT_TYPES,
     KQuantRows,
@@ -179,6 +180,47 @@ def test_parts_of_one_k_quant_join_and_parts_of_two_do_not():
     assert torch.allclose(got, torch.from_numpy(expected), rtol=0, atol=2.0**-20)
     q6 = decode_kquant_blocks(_blocks("Q6_K", 16, COLS, 8), "Q6_K", COLS)
     assert join_kquant_rows([first, q6]) is None
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [("Q4_K", slice(0, ROWS))],
+        [("Q5_K", slice(3, 37))],
+        [("Q6_K", slice(0, 40, 3))],
+        # a fused layer: rows of one type from two tensors, picked out of order
+        [("Q4_K", slice(5, 22)), ("Q4_K", np.array([39, 0, 7, 7, 12]))],
+        [("Q6_K", np.array([2, 30, 31])), ("Q6_K", slice(16, 40))],
+    ],
+)
+def test_the_c_repacker_writes_what_the_numpy_packer_writes(pieces):
+    """gguf_kquant_repack.c reads the mapped super-blocks and writes the kernel's layout
+    directly: byte for byte what decode_kquant_blocks + pack_kquant_rows give, padding
+    rows included."""
+    files = [_blocks(t, ROWS, COLS, seed=30 + i) for i, (t, _) in enumerate(pieces)]
+    block_rows = BlockRows(
+        [(f, taken, t) for f, (t, taken) in zip(files, pieces, strict=True)], COLS
+    )
+    expected = join_kquant_rows(
+        [
+            decode_kquant_blocks(f[taken], t, COLS)
+            for f, (t, taken) in zip(files, pieces, strict=True)
+        ]
+    )
+    expected_codes, expected_scales = pack_kquant_rows(expected)
+    codes, scales = repack_kquant_rows(block_rows)
+    assert block_rows.rows == expected.rows
+    assert torch.equal(codes, expected_codes) and torch.equal(scales, expected_scales)
+
+
+def test_a_k_quant_beside_another_type_is_no_one_block_layout():
+    q4 = (_blocks("Q4_K", 16, COLS, 40), slice(0, 16), "Q4_K")
+    q6 = (_blocks("Q6_K", 16, COLS, 41), slice(0, 16), "Q6_K")
+    assert join_block_rows([BlockRows([q4], COLS), BlockRows([q4], COLS)]).kind == "Q4_K"
+    assert join_block_rows([BlockRows([q4], COLS), BlockRows([q6], COLS)]) is None
+    with pytest.raises(ValueError, match="one K-quant type"):
+        repack_kquant_rows(BlockRows([q4, q6], COLS))
 
 
 def test_rows_of_partial_super_blocks_are_refused():
