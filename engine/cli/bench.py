@@ -188,6 +188,11 @@ def bench_families(
         "engines read the same file), or the checkpoint folder.",
     ),
     threads: int = typer.Option(2, min=1, help="Threads of each engine."),
+    quant: str = typer.Option(
+        "Q4_1",
+        help="The GGUF file both engines read: Q4_1 (the checkpoint's own grids) or Q4_K_M "
+        "(llama-quantize's mix, what CPU users download).",
+    ),
 ) -> None:
     """Resident against llama.cpp on random-weight Llama, GLM-MoE and Kimi models of 1-2B."""
     from pathlib import Path
@@ -198,12 +203,13 @@ def bench_families(
         header_lines,
         run_families,
     )
-    from engine.devtools.benchmarks.family_files import FAMILIES
+    from engine.devtools.benchmarks.family_files import FAMILIES, QUANTS
     from engine.devtools.benchmarks.family_runs import FIGURES
 
     chosen_families = _names(families, "--families", FAMILIES)
     chosen_figures = _names(figures, "--figures", FIGURES)
     _names(resident_source, "--resident-source", RESIDENT_SOURCES)
+    _names(quant, "--quant", QUANTS)
 
     def show(result: dict, family: str) -> None:
         """The table grows a family at a time: a long run keeps what it measured."""
@@ -223,6 +229,7 @@ def bench_families(
             resident_source=resident_source,
             threads=threads,
             on_family=show,
+            quant=quant,
         )
     if as_json:
         typer.echo(json.dumps(result, indent=2))

@@ -176,6 +176,8 @@ def test_unknown_names_are_usage_errors():
     result = CliRunner().invoke(app, ["bench", "families", "--families", "mistral"])
     assert result.exit_code == 2, result.output
     assert "unknown mistral" in result.output
+    result = CliRunner().invoke(app, ["bench", "families", "--quant", "Q3_K_S"])
+    assert result.exit_code == 2 and "--quant: unknown Q3_K_S" in result.output, result.output
 
 
 def test_a_short_run_measures_resident_alone_without_llama_cpp(tmp_path, monkeypatch):

@@ -46,6 +46,8 @@ from engine.devtools.benchmarks.families_llama_cpp import LlamaCppSide
 from engine.devtools.benchmarks.families_resident import ResidentSide
 from engine.devtools.benchmarks.family_files import (
     PEER_BINARIES,
+    QUANT,
+    QUANTS,
     FamilyFiles,
     default_workdir,
     locate_llama_cpp,
@@ -190,11 +192,14 @@ def run_families(
     resident_source: str = "auto",
     threads: int = 2,
     on_family=None,
+    quant: str = QUANT,
 ) -> dict:
     """Both engines on each family; `on_family(result, family)` is called as each family
     finishes (a long run shows what it measured before it ends)."""
     from engine.devtools.benchmarks.serving_paths import machine
 
+    if quant not in QUANTS:
+        raise ValueError(f"quant {quant!r}: choose one of {', '.join(QUANTS)}")
     if resident_source not in RESIDENT_SOURCES:
         raise ValueError(
             f"resident source {resident_source!r}: choose one of {', '.join(RESIDENT_SOURCES)}"
@@ -214,6 +219,7 @@ def run_families(
         "threads": threads,
         "layers": layers,
         "resident_source": resident_source,
+        "quant": quant,
         "workdir": str(workdir),
         "machine": {
             **machine(),
@@ -225,7 +231,7 @@ def run_families(
         "families": {},
     }
     for family in families:
-        files = prepare_family(family, layers, workdir, llama_cpp, why_not, threads)
+        files = prepare_family(family, layers, workdir, llama_cpp, why_not, threads, quant)
         result["families"][family] = _family(
             files, figures, rounds, resident_source, threads, llama_cpp, peer_reason, bandwidth
         )
@@ -295,8 +301,8 @@ def header_lines(result: dict) -> list[str]:
     machine = result["machine"]
     return [
         f"resident bench families: best of {result['rounds']} interleaved rounds, "
-        f"{result['threads']} threads, Resident from the {result['resident_source']}; "
-        "ratio = Resident / llama.cpp",
+        f"{result['threads']} threads, {result.get('quant', QUANT)} files, Resident from the "
+        f"{result['resident_source']}; ratio = Resident / llama.cpp",
         f"{machine['cpu_model']}, {machine['cores']} cores, {machine.get('cpu_matrix_isa')}; "
         f"copy bandwidth {machine['copy_bandwidth_bytes_s'] / 1e9:.1f} GB/s (read + write)",
     ]

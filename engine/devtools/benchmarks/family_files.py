@@ -39,7 +39,16 @@ from engine.devtools.testing.tokenizers import save_bpe_tokenizer, save_glm_toke
 FAMILIES = tuple(SHAPES)
 LLAMA_CPP_ENV = "RESIDENT_LLAMA_CPP"
 QUANT = "Q4_1"
-QUANTIZE_OPTIONS = ("--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0")
+# What llama-quantize is asked for, per file type the bench makes. Q4_1: the checkpoint's
+# own grids (module docstring). Q4_K_M: what CPU users download, with llama-quantize's
+# own choices (Q4_K and Q6_K by tensor, a Q4_K embedding and a Q6_K head, Q5_0 where a
+# row is not whole super-blocks); its values are no longer the checkpoint's, so Resident
+# then reads the GGUF file too.
+QUANTIZE_OPTIONS = {
+    "Q4_1": ("--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0"),
+    "Q4_K_M": (),
+}
+QUANTS = tuple(QUANTIZE_OPTIONS)
 PEER_BINARIES = ("llama-bench", "llama-server")
 # The converter's wrapper lives with the tests that share it; a checkout has it.
 CONVERT_WRAPPER = Path(__file__).resolve().parents[3] / "tests" / "engine" / "llama_cpp_convert.py"
@@ -182,14 +191,17 @@ def _run(what: str, command: list[str], env: dict | None = None) -> None:
         raise RuntimeError(f"{what} failed ({done.returncode}): {done.stderr[-3000:]}")
 
 
-def _gguf(family: str, folder: Path, checkpoint: dict, llama_cpp: LlamaCpp, threads: int) -> Path:
-    """llama.cpp's Q4_1 GGUF of `folder` (module docstring), made once per recipe."""
-    out = folder.parent / f"model-{QUANT}.gguf"
+def _gguf(
+    family: str, folder: Path, checkpoint: dict, llama_cpp: LlamaCpp, threads: int, quant: str
+) -> Path:
+    """llama.cpp's GGUF of `folder` in `quant` (module docstring), made once per recipe."""
+    out = folder.parent / f"model-{quant}.gguf"
+    options = QUANTIZE_OPTIONS[quant]
     recipe = {
         "checkpoint": checkpoint,
         "llama_cpp": str(llama_cpp.root),
         "version": llama_cpp.version(),
-        "quantize": [*QUANTIZE_OPTIONS, QUANT],
+        "quantize": [*options, quant],
     }
     recipe_path = out.with_suffix(".json")
     if out.is_file() and _recipe_matches(recipe_path, recipe):
@@ -208,7 +220,7 @@ def _gguf(family: str, folder: Path, checkpoint: dict, llama_cpp: LlamaCpp, thre
         quantize = str(llama_cpp.binary("llama-quantize"))
         _run(
             "llama-quantize",
-            [quantize, *QUANTIZE_OPTIONS, str(f32), str(partial), QUANT, str(threads)],
+            [quantize, *options, str(f32), str(partial), quant, str(threads)],
         )
         partial.rename(out)
     finally:
@@ -225,6 +237,7 @@ def prepare_family(
     llama_cpp: LlamaCpp | None,
     why_no_llama_cpp: str | None,
     threads: int,
+    quant: str = QUANT,
 ) -> FamilyFiles:
     """The family's checkpoint, and its GGUF when llama.cpp can make it (else why not)."""
     home = workdir / f"{family}-{'full' if layers is None else f'{layers}-layers'}"
@@ -233,7 +246,7 @@ def prepare_family(
     files = FamilyFiles(family, layers, folder, recipe["config"], why_no_gguf=why_no_llama_cpp)
     if llama_cpp is not None:
         try:
-            files.gguf = _gguf(family, folder, recipe, llama_cpp, threads)
+            files.gguf = _gguf(family, folder, recipe, llama_cpp, threads, quant)
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
             files.why_no_gguf = f"conversion failed: {err}"
     return files
