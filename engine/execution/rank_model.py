@@ -96,6 +96,7 @@ def build_rank_model(config: EngineConfig, model_dir: Path, device: torch.device
     )
     # For MLA the rotation folds into the weights: before anything packs or copies them.
     kv_rotation_detail = _rotate_kv(model, kv_rotation, config.deterministic)
+    return_free_memory()  # loading's float copies, before the cast allocates BF16 ones
     cpu_kernel = prepare_cpu_weights(model, cpu, dtype, config.cpu_weights)
     choose_layer_kernels(model, model_config, cpu, device, config.deterministic)
     return_free_memory()  # the float copies loading, rotating and packing freed

@@ -127,6 +127,15 @@ class MappedFile:
         aligned = start // page * page
         advise(aligned, -(-(start + length - aligned) // page) * page, MADV_POPULATE_READ)
 
+    def release_rows(self, view: np.ndarray, first_row: int, last_row: int) -> None:
+        """Drop the pages of rows first_row..last_row of `view` from this process, once
+        they are packed (a page a neighbouring piece shares is read again if needed)."""
+        start = view.ctypes.data + first_row * view.strides[0]
+        length = (last_row - first_row + 1) * view.strides[0]
+        page = mmap.PAGESIZE
+        aligned = start // page * page
+        advise(aligned, -(-(start + length - aligned) // page) * page, MADV_DONTNEED)
+
     def release(self) -> None:
         """Drop every page of the file from this process (they stay in the page cache)."""
         advise(self.address, self.length, MADV_DONTNEED)

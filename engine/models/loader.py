@@ -20,6 +20,7 @@ from safetensors import safe_open
 
 from engine.collectives import parallel
 from engine.errors import CheckpointError, EngineError
+from engine.host.memory_advice import return_free_memory
 from engine.layers.moe import SparseMoE
 from engine.layers.packed_methods import is_packed_method
 from engine.layers.packed_plan import plan_packed_layers
@@ -222,6 +223,7 @@ def _load_gguf_model(cls, cfg: ModelConfig, path: Path, dtype, device, grid_bloc
         filled = install_grid_layers(model, weights) | install_grid_embedding(model, weights)
     materialize_parameters(model, device)
     model.load_weights(weights.dense(), filled=filled)
+    return_free_memory()  # the float32 copies the dense tensors went through
     attach_biases(model)
     if grid_blocks:
         install_latent_grids(model, weights)

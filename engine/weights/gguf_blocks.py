@@ -171,7 +171,8 @@ def join_block_rows(parts: list[BlockRows]) -> BlockRows | None:
 
 def _pieces(rows: BlockRows, mapped: MappedFile | None):
     """Each piece as (its row view, the row index array or None, the first row, the
-    count), its rows' page tables populated first when `mapped` is given."""
+    count); with `mapped`, its rows' page tables populated before and their pages
+    dropped after the caller packed it."""
     for data, taken, type_name in rows.pieces:
         block_bytes = (BLOCK_TYPES.get(type_name) or KQUANT_TYPES[type_name])[0]
         per_block = GROUP if type_name in BLOCK_TYPES else SUPER_BLOCK
@@ -191,10 +192,12 @@ def _pieces(rows: BlockRows, mapped: MappedFile | None):
         count = _count(data, taken)
         if count == 0:
             continue
+        low, high = (first, first + count - 1) if index is None else (index.min(), index.max())
         if mapped is not None:
-            low, high = (first, first + count - 1) if index is None else (index.min(), index.max())
             mapped.populate(data, int(low), int(high))
         yield data, type_name, index, first, count
+        if mapped is not None:  # packed: the file's pages need not stay beside the copy
+            mapped.release_rows(data, int(low), int(high))
 
 
 def _outputs(allocate, tiles: int, code_bytes: int, scale_bytes: int):
