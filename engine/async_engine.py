@@ -260,6 +260,16 @@ class AsyncEngine:
                 }
         return {**stats, "stream_interval_ms": self._pacer.interval * 1000}
 
+    async def load(self) -> dict:
+        """Requests running and waiting and KV use (what routers poll: /get_load)."""
+        return await self.call(self.engine.load)
+
+    async def flush_cache(self) -> dict[str, int]:
+        """Forget every cached prefix: the tree, pinned pages included, the host tier and
+        this engine's pages on disk (engine/core/prefix_tiers.py); what went and what
+        stayed. Pages running requests hold stay."""
+        return await self.call(self.engine.flush_prefix_cache)
+
     async def pin_prefix(self, token_ids: list[int], cache_salt: str = "") -> Any:
         """Keep the cached pages of this prefix from eviction; the handle is for unpin."""
         return await self.call(lambda: self.engine.pin_prefix(token_ids, cache_salt))

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from engine.attention.names import BACKEND_HELP, BACKEND_NAMES
 from engine.errors import EngineError
 from engine.kv.dtypes import KV_DTYPES
+from engine.kv.kv_events import parse_kv_events
 
 DTypeName = Literal["auto", "bfloat16", "float32"]
 KVDTypeName = Literal[("auto", *KV_DTYPES)]  # auto: engine.kv.dtypes.AUTO_KV_DTYPES
@@ -117,6 +118,19 @@ class EngineConfig(BaseModel):
         "the pool is full; they come back from there instead of being prefilled. 0 turns "
         "it off. Default: min(8, a quarter of RAM) with a GPU pool; off on CPU, where "
         "pages spill to the disk tier.",
+    )
+    # KV events for cache-aware routers (engine/kv/kv_events.py, kv_event_publisher.py).
+    kv_events: str | None = Field(
+        default=None,
+        description="Publish the prefix cache's KV events (blocks stored, removed, cleared) "
+        "over ZMQ as vLLM does, for vllm-router's kv_aware policy or llm-d: an endpoint "
+        "(tcp://*:5557 binds every interface, tcp://127.0.0.1:5557 loopback only; another "
+        "host is a broker to connect to), or vLLM's --kv-events-config JSON "
+        "(enable_kv_cache_events, endpoint, replay_endpoint, topic, buffer_steps, hwm, "
+        "max_queue_size). Blocks are KV pages (block size = page size, 16); hashes are "
+        "vLLM's sha256_cbor chain, seeded by PYTHONHASHSEED (else 0). vllm-router: --policy "
+        "kv_aware --kv-event-source http://HOST:PORT=tcp://HOST:5557 --kv-event-block-size 16 "
+        "--kv-event-model NAME. Off by default.",
     )
     seed: int = Field(default=0, description="Seed of the sampler's random numbers.")
     # Batch-, chunk- and cache-invariant reductions (DESIGN.md §3).
@@ -229,6 +243,12 @@ class EngineConfig(BaseModel):
             raise EngineError(f"attention backend {name!r}: use one of {', '.join(BACKEND_NAMES)}")
         return name
 
+    @field_validator("kv_events")
+    @classmethod
+    def _kv_events_parse(cls, value: str | None) -> str | None:
+        parse_kv_events(value)  # a ValueError names what is wrong with it
+        return value
+
     @model_validator(mode="after")
     def _check_parallel(self) -> EngineConfig:
         tp, nnodes = self.tensor_parallel_size, self.nnodes
@@ -244,6 +264,8 @@ class EngineConfig(BaseModel):
                 "master_port is required with nnodes > 1: every node must meet rank 0 "
                 "at the same master_addr:master_port"
             )
+        if parse_kv_events(self.kv_events) is not None and not self.enable_prefix_caching:
+            raise ValueError("kv_events reports the prefix cache: it needs enable_prefix_caching")
         return self
 
     @property

@@ -226,6 +226,8 @@ async def open_runtime(
     except BaseException:
         await client.aclose()
         raise
+    # Behind a router, the session's requests (its subagents' too) stay on one replica.
+    client.bind_session(session.id)
     emitter = EventEmitter([session.journal, *sinks], next_seq=session.next_seq())
     todos.listener = emitter.emit
     if resumed:

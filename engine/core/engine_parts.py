@@ -61,7 +61,9 @@ class EngineParts:
     linear_methods: dict[str, int]
 
     def close(self) -> None:
-        """Stop the worker ranks, if any (by PID, after a shutdown message)."""
+        """Stop the KV-event publisher, if any, and the worker ranks, if any (by PID,
+        after a shutdown message)."""
+        self.prefix.close()
         close_ranks(self.executor, self.tensor_parallel, self.threads_before)
 
 
@@ -84,6 +86,7 @@ def assemble_engine(config: EngineConfig) -> EngineParts:
             raise
         raise abandon_other_ranks(workers, err, threads_before) from err
     executor = make_executor(rank.runner, config, workers)
+    prefix: PrefixTiers | None = None
     try:
         weight_bytes, linear_methods = model_weight_bytes(rank.model), describe_methods(rank.model)
         log.info(
@@ -125,6 +128,8 @@ def assemble_engine(config: EngineConfig) -> EngineParts:
             linear_methods=linear_methods,
         )
     except BaseException:
+        if prefix is not None:
+            prefix.close()
         close_ranks(executor, tensor_parallel, threads_before)
         raise
 

@@ -1,6 +1,7 @@
 """What an engine reports about itself (`/v1/engine/stats`, `resident bench`, the agent's
 status bar): the KV cache's dtype, capacity, use and scales, the kernels and
-backend in force, weights, speculation, the prefix tiers, ranks and queues.
+backend in force, weights, speculation, the prefix tiers, ranks and queues; and,
+cheaply, its load alone (`engine_load`: what routers poll through /get_load).
 """
 
 from __future__ import annotations
@@ -14,12 +15,18 @@ from engine.kv.sizing import kv_bytes_per_token
 from engine.layers.cpu_matrix_path import describe_matrix_path
 
 
+def _pages_in_use(parts: EngineParts) -> tuple[int, int]:
+    """(pages held by requests, pages held only by the prefix cache)."""
+    cache = parts.prefix.cache
+    cache_only = cache.pages_held_only_by_cache() if cache is not None else 0
+    return parts.allocator.num_pages - parts.allocator.num_free - cache_only, cache_only
+
+
 def engine_stats(parts: EngineParts) -> dict:
     """The stats object; read on the stepping thread (its compute threads are reported)."""
     page = parts.config.page_size
     rank, cache, spill = parts.rank, parts.prefix.cache, parts.prefix.spill
-    cache_only = cache.pages_held_only_by_cache() if cache is not None else 0
-    used_pages = parts.allocator.num_pages - parts.allocator.num_free - cache_only
+    used_pages, cache_only = _pages_in_use(parts)
     runner = rank.runner
     # Triton's backend says whether FP8 pages decode on e4m3 tensor cores.
     describe_backend = getattr(runner.backend, "describe", None)
@@ -46,7 +53,23 @@ def engine_stats(parts: EngineParts) -> dict:
         "linear_methods": parts.linear_methods,
         **parts.speculator.stats(),
         **(spill.stats() if spill is not None else {}),
+        **(parts.prefix.events.stats() if parts.prefix.events is not None else {}),
         "parallel": parts.executor.describe(),
         "running": len(parts.scheduler.running),
         "waiting": len(parts.scheduler.waiting),
+    }
+
+
+def engine_load(parts: EngineParts) -> dict:
+    """Requests running and waiting, the tokens waiting requests still have to compute,
+    and KV use: a few counts, cheap enough to be polled (engine thread)."""
+    page, scheduler = parts.config.page_size, parts.scheduler
+    used_pages, cache_only = _pages_in_use(parts)
+    return {
+        "running": len(scheduler.running),
+        "waiting": len(scheduler.waiting),
+        "waiting_tokens": sum(seq.num_uncomputed for seq in scheduler.waiting),
+        "used_tokens": used_pages * page,
+        "cached_tokens": cache_only * page,
+        "capacity_tokens": parts.rank.pool.capacity_tokens,
     }

@@ -22,7 +22,7 @@ from engine.config import EngineConfig
 from engine.core.draft_acceptance import accept_draft
 from engine.core.engine_attributes import EngineAttributes
 from engine.core.engine_parts import assemble_engine
-from engine.core.engine_stats import engine_stats
+from engine.core.engine_stats import engine_load, engine_stats
 from engine.core.intake import RequestIntake
 from engine.core.output_processor import OutputProcessor
 from engine.errors import WorkerDiedError
@@ -118,7 +118,7 @@ class LLMEngine(EngineAttributes):
             outputs=self.output_processor,
         )
 
-    # ----- prefix pinning, the disk tier, statistics ----------------------------------
+    # ----- prefix pinning, the disk tier, flushing, statistics -------------------------
     def pin_prefix(self, token_ids: list[int], cache_salt: str = "") -> list:
         """Protect this prefix's cached pages from eviction; the handle is for unpin
         (engine/core/prefix_tiers.py)."""
@@ -135,8 +135,17 @@ class LLMEngine(EngineAttributes):
         """Load this prefix's saved pages into the prefix cache; returns tokens restored."""
         return self.parts.prefix.restore(token_ids, cache_salt)
 
+    def flush_prefix_cache(self) -> dict[str, int]:
+        """Forget every cached prefix, in memory and in the tiers; what went and what
+        stayed (engine/core/prefix_tiers.py)."""
+        return self.parts.prefix.flush()
+
     def stats(self) -> dict:
         return engine_stats(self.parts)
+
+    def load(self) -> dict:
+        """Requests running and waiting and KV use, cheaply (engine_stats.py)."""
+        return engine_load(self.parts)
 
     # ----- failure and shutdown -------------------------------------------------------
     @property

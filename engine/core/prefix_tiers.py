@@ -7,6 +7,10 @@ give way and brings them back. The tiers are handed only what they use
 (engine/kv/prefix_tier_parts.py), and their hooks are connected here, by their
 owner: the tree's `spill` and the scheduler's `restore` (engine/core/engine_parts.py
 passes `restore_hook` to the Scheduler).
+
+With `kv_events` set, a KV-event publisher (engine/kv/kv_event_publisher.py) is
+started here too, and its recorder handed to the tree and the tiers as they are
+built: they report the pages they store and remove, the tree its clears.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.execution.rank_model import RankModel
+from engine.kv.kv_event_publisher import KVEventPublisher, open_publisher
+from engine.kv.kv_events import parse_kv_events
 from engine.kv.pages import PageAllocator
 from engine.kv.prefix_spill import PrefixSpill, open_prefix_spill
 from engine.kv.prefix_store import PrefixStore, open_prefix_store
@@ -31,6 +37,12 @@ class PrefixTiers:
     cache: RadixCache | None  # None: prefix caching is off, and so are the tiers
     store: PrefixStore | None  # the disk tier, when kv_disk asks for it
     spill: PrefixSpill | None  # pinned pages giving way (to host memory or disk), and back
+    events: KVEventPublisher | None = None  # KV events (kv_events), or None
+
+    def close(self) -> None:
+        """Stop the KV-event publisher, if any (after sending what is waiting)."""
+        if self.events is not None:
+            self.events.close()
 
     @property
     def restore_hook(self) -> Callable[[list[int], str], int] | None:
@@ -64,6 +76,32 @@ class PrefixTiers:
             return 0
         return self.store.restore(list(token_ids), cache_salt)
 
+    def flush(self) -> dict[str, int]:
+        """Forget every cached prefix (a router's or an operator's /flush_cache): the
+        tree's pages no request holds, pinned ones too, through the tree's own clear
+        (so whatever watches its evictions sees them go), then the host tier's copies
+        and this engine's page files on disk. Pinned prefixes keep their pins (the
+        handles stay valid) and are cached, and protected, again at their next prefill;
+        pages running requests hold stay, and enter the tree as usual when they finish.
+        Returns what was dropped and what was kept."""
+        keys = ("tokens", "pinned_tokens", "in_use_tokens", "host_pages", "host_bytes")
+        report = dict.fromkeys((*keys, "disk_pages", "disk_bytes"), 0)
+        cache = self.cache
+        if cache is None:
+            return report
+        pages, spilled = cache.num_pages, cache.spilled_pages()
+        cache.clear(pinned=True)  # pinned pages give way uncopied: a flush keeps nothing
+        report["tokens"] = (pages - cache.num_pages) * cache.page_size
+        report["pinned_tokens"] = (cache.spilled_pages() - spilled) * cache.page_size
+        report["in_use_tokens"] = cache.num_pages * cache.page_size
+        host = self.spill.host if self.spill is not None else None
+        if host is not None:
+            report["host_pages"], report["host_bytes"] = len(host), host.bytes
+            host.clear()
+        if self.store is not None:
+            report["disk_pages"], report["disk_bytes"] = self.store.tier.remove_pages()
+        return report
+
 
 def open_prefix_tiers(
     config: EngineConfig,
@@ -76,20 +114,28 @@ def open_prefix_tiers(
     """The tree, and the tiers behind it that `config` asks for, hooked together."""
     if not config.enable_prefix_caching:
         return PrefixTiers(cache=None, store=None, spill=None)
-    cache = RadixCache(
-        allocator,
-        config.page_size,
-        page_bytes=rank.pool.page_bytes,
-        verify=config.verify_prefix_cache,
-    )
-    parts = PrefixTierParts(
-        rank.pool, allocator, cache, fingerprint_facts(config, rank, model_dir, device)
-    )
-    store = open_prefix_store(parts, config, tensor_parallel)
-    spill = open_prefix_spill(parts, store, config, device.type)
+    publisher = open_publisher(parse_kv_events(config.kv_events), config.page_size)
+    recorder = publisher.recorder if publisher is not None else None
+    try:
+        cache = RadixCache(
+            allocator,
+            config.page_size,
+            page_bytes=rank.pool.page_bytes,
+            verify=config.verify_prefix_cache,
+            events=recorder,
+        )
+        parts = PrefixTierParts(
+            rank.pool, allocator, cache, fingerprint_facts(config, rank, model_dir, device)
+        )
+        store = open_prefix_store(parts, config, tensor_parallel, recorder)
+        spill = open_prefix_spill(parts, store, config, device.type, recorder)
+    except BaseException:
+        if publisher is not None:
+            publisher.close()
+        raise
     # Pinned pages giving way are copied out before their pages return to the pool.
     cache.spill = spill.spill
-    return PrefixTiers(cache=cache, store=store, spill=spill)
+    return PrefixTiers(cache=cache, store=store, spill=spill, events=publisher)
 
 
 def fingerprint_facts(

@@ -313,6 +313,20 @@ class DiskTier:
         the root) until every file there fits the budget; returns the pages deleted."""
         return evict(self.root, self.budget_bytes)
 
+    def remove_pages(self) -> tuple[int, int]:
+        """Delete every page file of this engine (a cache flush); (pages, bytes) removed.
+        Scale sets and the meta file stay: they are small and name no prefix. Other
+        engines' pages under the same root are left alone."""
+        folder, count, freed = self.dir / "pages", 0, 0
+        for path in folder.glob(f"*{SUFFIX}") if folder.is_dir() else []:
+            try:
+                size = path.stat().st_size
+                path.unlink()
+            except OSError:  # removed by another process meanwhile, or a read-only cache
+                continue
+            count, freed = count + 1, freed + size
+        return count, freed
+
 
 def _check_place(record: PageRecord, depth: int, key: bytes, parent: bytes, tokens) -> None:
     """The record is the page at (depth, key) under `parent` holding `tokens`."""

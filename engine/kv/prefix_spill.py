@@ -29,6 +29,11 @@ so the request counts them as cached tokens. A missing, damaged or mismatched
 entry stops the restore there: the rest is prefilled, never read wrongly.
 With tensor parallelism each rank holds only its shard of every page, so
 both tiers are off and pinned pages that give way are dropped.
+
+With KV events on, the host tier's pages are reported with medium CPU (stored
+when spilled into it, removed when taken back or pushed out) and those it
+writes to the disk tier with medium STORAGE (engine/kv/prefix_store.py), under
+the block hashes the tree gave them (engine/kv/radix.py).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ import os
 
 from engine.kv.disk_tier import DamagedPage, PageRecord, chain_keys, page_key, root_key
 from engine.kv.host_tier import HostEntry, HostTier
+from engine.kv.kv_event_recorder import KVEventSink, TierEvents
+from engine.kv.kv_events import MEDIUM_CPU
 from engine.kv.prefix_store import PrefixStore, SaveJob, scales_state
 from engine.kv.prefix_tier_parts import PrefixTierParts, TierSettings, engine_fingerprint
 from engine.kv.radix import RadixCache, RadixNode
@@ -70,7 +77,13 @@ def host_budget_bytes(config: TierSettings, device_type: str) -> int:
 
 
 class PrefixSpill:
-    def __init__(self, parts: PrefixTierParts, store: PrefixStore | None, host_budget: int):
+    def __init__(
+        self,
+        parts: PrefixTierParts,
+        store: PrefixStore | None,
+        host_budget: int,
+        events: KVEventSink | None = None,
+    ):
         # The parts hold the tree weakly: the tree's `spill` hook is a method of this
         # object, and a cycle would keep a dropped engine's pool alive (prefix_tier_parts.py).
         self.parts = parts
@@ -79,6 +92,10 @@ class PrefixSpill:
         self.page_size = parts.page_size
         self.store = store  # the disk tier, or None
         self.host = HostTier(host_budget) if host_budget > 0 else None
+        # KV events of the host tier's pages (medium CPU), when they are on.
+        self.host_events = (
+            TierEvents(events, MEDIUM_CPU) if events is not None and self.host is not None else None
+        )
         self._fingerprint: str | None = None
         self.spilled = self.to_host = self.to_disk = self.dropped = 0
         self.from_host = self.from_disk = 0
@@ -116,11 +133,20 @@ class PrefixSpill:
                 victims, places, payloads, strict=True
             )
         ]
+        blocks = {e.key: node.event_block() for (node, _), e in zip(victims, entries, strict=True)}
         if self.host is not None:
             self.to_host += len(entries)
-            entries = self.host.put(entries)  # what the budget pushes out goes on
+            out = self.host.put(entries)  # what the budget pushes out goes on
+            if self.host_events is not None:
+                for entry in entries:
+                    if entry.key in self.host and blocks[entry.key] is not None:
+                        self.host_events.stored(entry.key, blocks[entry.key])
+                announced = self.host_events.blocks  # older entries pushed out
+                blocks.update((e.key, announced[e.key]) for e in out if e.key in announced)
+                self.host_events.removed([e.key for e in out])
+            entries = out
         if entries:
-            self._to_disk(entries, digest, scales)
+            self._to_disk(entries, digest, scales, blocks)
 
     def _places(self, nodes: list[RadixNode], digest: str) -> list[tuple]:
         """(key, parent key, depth, salt) of each node: the disk tier's chain keys,
@@ -146,7 +172,9 @@ class PrefixSpill:
             out.append((key, place(node.parent)[0], depth, salt))
         return out
 
-    def _to_disk(self, entries: list[HostEntry], digest: str, scales: dict | None) -> None:
+    def _to_disk(
+        self, entries: list[HostEntry], digest: str, scales: dict | None, blocks: dict
+    ) -> None:
         if self.store is None:
             self.dropped += len(entries)
             return
@@ -157,7 +185,9 @@ class PrefixSpill:
             if not tier.has_page(e.depth, e.key)
         ]
         try:
-            self.store.write(SaveJob(records, digest, scales))
+            job = SaveJob(records, digest, scales)
+            job.blocks.update((e.key, blocks[e.key]) for e in entries if blocks.get(e.key))
+            self.store.write(job)
         except OSError as err:  # a full disk or a read-only cache costs a prefill later
             log.warning("KV spill to the disk tier failed: %s", err)
             self.dropped += len(entries)
@@ -236,7 +266,10 @@ class PrefixSpill:
     def _fetch(self, depth, keys, chunk, from_disk) -> tuple[bytes | None, str]:
         key, parent = keys[depth + 1], keys[depth]
         if self.host is not None:
+            had = key in self.host
             payload = self.host.take(key, parent, depth, chunk)
+            if had and self.host_events is not None:
+                self.host_events.removed([key])  # back in the pool, or dropped as damaged
             if payload is not None:
                 return payload, "host"
         if from_disk:
@@ -266,9 +299,14 @@ class PrefixSpill:
 
 
 def open_prefix_spill(
-    parts: PrefixTierParts, store: PrefixStore | None, settings: TierSettings, device_type: str
+    parts: PrefixTierParts,
+    store: PrefixStore | None,
+    settings: TierSettings,
+    device_type: str,
+    events: KVEventSink | None = None,
 ) -> PrefixSpill:
     """The spill tier over these parts, with the disk tier `store` (or None) behind its
-    host tier. Its owner hooks it in: `spill` into the tree (RadixCache.spill), `restore`
-    into the scheduler (engine/core/prefix_tiers.py)."""
-    return PrefixSpill(parts, store, host_budget_bytes(settings, device_type))
+    host tier, reporting KV events to `events` (or not). Its owner hooks it in: `spill`
+    into the tree (RadixCache.spill), `restore` into the scheduler
+    (engine/core/prefix_tiers.py)."""
+    return PrefixSpill(parts, store, host_budget_bytes(settings, device_type), events)

@@ -19,12 +19,18 @@ those scales. Restored pages go into the radix tree as a prefill's would, so
 the next request finds them cached. Pinned pages that give way under pool
 pressure are written through `write` too, and read back page by page
 (engine/kv/prefix_spill.py).
+
+With KV events on, the pages this engine writes are reported stored with
+medium STORAGE, under the block hashes the tree gave them, and reported
+removed when this engine's budget eviction deletes them. Pages found on disk
+at start-up are not reported until written again (what a restore brings into
+the tree is reported by the tree).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -38,6 +44,8 @@ from engine.kv.disk_tier import (
     root_key,
     scales_digest,
 )
+from engine.kv.kv_event_recorder import KVEventSink, TierEvents
+from engine.kv.kv_events import MEDIUM_STORAGE
 from engine.kv.prefix_tier_parts import PrefixTierParts, TierSettings, engine_fingerprint
 
 log = logging.getLogger(__name__)
@@ -64,6 +72,8 @@ class SaveJob:
     records: list[PageRecord]
     scales_digest: str
     scales: dict | None
+    # KV events: page key -> (block hash, parent's block hash, tokens) of the records.
+    blocks: dict[bytes, tuple] = field(default_factory=dict)
 
 
 @dataclass
@@ -77,11 +87,19 @@ class RestorePlan:
 
 
 class PrefixStore:
-    def __init__(self, parts: PrefixTierParts, root: Path, budget_bytes: int):
+    def __init__(
+        self,
+        parts: PrefixTierParts,
+        root: Path,
+        budget_bytes: int,
+        events: KVEventSink | None = None,
+    ):
         self.parts = parts
         self.fingerprint, self.facts = engine_fingerprint(parts)
         self.tier = DiskTier(root, self.fingerprint, budget_bytes)
         self.page_size = parts.page_size
+        # KV events of the pages this engine writes (medium STORAGE), keyed (depth, key).
+        self.events = TierEvents(events, MEDIUM_STORAGE) if events is not None else None
 
     # ----- save -------------------------------------------------------------------
 
@@ -96,13 +114,15 @@ class PrefixStore:
         tokens = list(token_ids[: len(nodes) * self.page_size])
         keys = chain_keys(root_key(self.fingerprint, digest, salt), tokens, self.page_size)
         parent = root_key(self.fingerprint, digest, salt)
-        records = []
+        records, blocks = [], {}
         for depth, (node, key) in enumerate(zip(nodes, keys, strict=True)):
             on_disk = self.tier.has_page(depth, key)
             payload = b"" if on_disk else self.parts.pool.page_bytes(node.page)
             records.append(PageRecord(key, parent, depth, list(node.tokens), salt, payload))
+            if self.events is not None and node.event_block() is not None:
+                blocks[key] = node.event_block()
             parent = key
-        return SaveJob(records, digest, scales) if records else None
+        return SaveJob(records, digest, scales, blocks) if records else None
 
     def write(self, job: SaveJob | None) -> int:
         """Write the new pages, refresh the rest, keep the budget; returns pages written."""
@@ -121,7 +141,12 @@ class PrefixStore:
                 self.tier.put_page(record)
                 written += 1
         self.tier.touch([(r.depth, r.key) for r in records])
-        self.tier.evict_to_budget()
+        if self.events is not None:
+            for record in records:
+                if record.key in job.blocks:
+                    self.events.stored((record.depth, record.key), job.blocks[record.key])
+        if self.tier.evict_to_budget() and self.events is not None:
+            self.events.missing(lambda place: self.tier.has_page(*place))
         return written
 
     def save(self, token_ids: list[int], salt: str = "") -> int:
@@ -287,9 +312,13 @@ class PrefixStore:
 
 
 def open_prefix_store(
-    parts: PrefixTierParts, settings: TierSettings, tensor_parallel: bool
+    parts: PrefixTierParts,
+    settings: TierSettings,
+    tensor_parallel: bool,
+    events: KVEventSink | None = None,
 ) -> PrefixStore | None:
-    """The disk tier for an engine whose settings ask for one (kv_disk), else None."""
+    """The disk tier for an engine whose settings ask for one (kv_disk), else None; it
+    reports the pages it writes to `events` (or not)."""
     if not settings.kv_disk:
         return None
     if tensor_parallel:
@@ -300,6 +329,6 @@ def open_prefix_store(
         return None
 
     root = Path(settings.kv_disk_dir) if settings.kv_disk_dir else default_root()
-    store = PrefixStore(parts, root, int(settings.kv_disk_gib * 1024**3))
+    store = PrefixStore(parts, root, int(settings.kv_disk_gib * 1024**3), events)
     store.tier.recover()  # what a process killed mid-save, or a full disk, left behind
     return store

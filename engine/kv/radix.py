@@ -23,6 +23,14 @@ are resident (eviction takes the tail first, insert fills from the head).
 A verification mode hashes a page's bytes when it enters the tree and checks
 them every time the page is reused, to catch anything that writes to a
 shared page.
+
+With KV events on (`events`, engine/kv/kv_events.py), each node carries vLLM's
+block hash of its page (its tokens, every page before it and the cache salt),
+and the tree reports what it holds as vLLM's block pool does: pages that gain
+a place (a prefill, a restore) as BlockStored, one event per run of new pages
+on a path; pages that leave (evicted, or pinned ones giving way) as
+BlockRemoved; a `clear` that leaves nothing behind as AllBlocksCleared (one
+that leaves pages sequences still hold reports what went, page by page).
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.kv.kv_event_recorder import KVEventSink
+from engine.kv.kv_events import MEDIUM_GPU
 from engine.kv.pages import PageAllocator
 
 SPILLED = -1  # the page of a node whose page gave way under pressure
@@ -52,10 +62,17 @@ class RadixNode:
     pins: int = 0
     digest: bytes | None = None
     salt: str = ""  # roots only: the cache salt below them
+    block_hash: bytes | None = None  # vLLM's hash of this page (KV events on)
 
     @property
     def resident(self) -> bool:
         return self.page != SPILLED
+
+    def event_block(self) -> tuple[bytes, bytes | None, tuple[int, ...]] | None:
+        """(block hash, parent's block hash, tokens) for KV events; None when they are off."""
+        if self.block_hash is None or self.parent is None:
+            return None
+        return self.block_hash, self.parent.block_hash, self.tokens
 
 
 @dataclass
@@ -76,6 +93,7 @@ class RadixCache:
         page_size: int,
         page_bytes: Callable[[int], bytes] | None = None,
         verify: bool = False,
+        events: KVEventSink | None = None,
     ):
         self.allocator = allocator
         self.page_size = page_size
@@ -89,6 +107,8 @@ class RadixCache:
         self.spill: Callable[[list[tuple[RadixNode, int]]], None] | None = None
         self.hit_tokens = 0
         self.query_tokens = 0
+        self.events = events  # where stored/removed/cleared pages are reported, or None
+        self._clearing: list[bytes] | None = None  # removals a running clear() gathers
 
     def _root(self, salt: str) -> RadixNode:
         if salt not in self.roots:
@@ -136,9 +156,11 @@ class RadixCache:
         full = min(len(tokens) // self.page_size, len(pages))
         node = self._root(salt)
         now = next(self._clock)
-        path = []
+        path: list[RadixNode] = []
+        run: list[RadixNode] = []  # pages that just gained a place, in a row (KV events)
         for i, chunk in enumerate(self._chunks(tokens, full)):
             child = node.children.get(chunk)
+            fresh = child is None or not child.resident
             if child is None:
                 child = RadixNode(tokens=chunk, page=pages[i], parent=node)
                 if self.verify:
@@ -153,9 +175,26 @@ class RadixCache:
                 self.allocator.retain(pages[i])
                 self.num_pages += 1
             child.last_used = now
+            if self.events is not None:
+                if child.block_hash is None:
+                    child.block_hash = self.events.hash_block(node.block_hash, chunk, salt)
+                if fresh:
+                    run.append(child)
+                elif run:
+                    self._report_stored(run)
+                    run = []
             path.append(child)
             node = child
+        if run:
+            self._report_stored(run)
         return path
+
+    def _report_stored(self, run: list[RadixNode]) -> None:
+        """One BlockStored for a chain of pages new to the tree (parent: the page before)."""
+        assert self.events is not None and run[0].parent is not None
+        tokens = [t for node in run for t in node.tokens]
+        hashes = [node.block_hash for node in run]
+        self.events.stored(hashes, run[0].parent.block_hash, tokens, MEDIUM_GPU)
 
     def pin(self, nodes: list[RadixNode]) -> None:
         for node in nodes:
@@ -204,10 +243,11 @@ class RadixCache:
 
         heap = [rank(n) for n in self._nodes() if self._evictable(n, pinned)]
         heapq.heapify(heap)
-        freed, spilled = 0, []
+        freed, spilled, gone = 0, [], []
         while heap and freed < num_pages:
             node = heapq.heappop(heap)[-1]
             parent = node.parent
+            gone.append(node.block_hash)
             if node.pins:
                 spilled.append((node, node.page))
                 node.page, node.digest = SPILLED, None
@@ -217,6 +257,11 @@ class RadixCache:
             freed += 1
             if self._evictable(parent, pinned):
                 heapq.heappush(heap, rank(parent))
+        if self.events is not None and gone:
+            if self._clearing is not None:
+                self._clearing.extend(gone)
+            else:
+                self.events.removed(gone, MEDIUM_GPU)
         if spilled:
             try:
                 if self.spill is not None:
@@ -239,11 +284,18 @@ class RadixCache:
         hook = self.spill
         if pinned:
             self.spill = None
+        self._clearing = []
         try:
             while self.evict(self.num_pages or 1, pinned=pinned):
                 pass
         finally:
             self.spill = hook
+            gone, self._clearing = self._clearing, None
+            if self.events is not None:
+                if self.num_pages == 0:
+                    self.events.cleared()  # nothing resident: as vLLM's reset_prefix_cache
+                else:
+                    self.events.removed(gone, MEDIUM_GPU)
 
     def _digest(self, page: int) -> bytes:
         assert self.page_bytes is not None

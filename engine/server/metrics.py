@@ -33,6 +33,14 @@ KNOWN_ROUTES = frozenset(
         "/v1/engine/stats",
         "/health",
         "/metrics",
+        # What routers call on their workers (engine/server/worker_routes.py).
+        "/model_info",
+        "/get_model_info",
+        "/server_info",
+        "/get_server_info",
+        "/get_load",
+        "/flush_cache",
+        "/health_generate",
     }
 )
 

@@ -44,6 +44,7 @@ SERVE_SETTINGS: tuple[str, ...] = (
     "cpu_weights",
     "kv_disk",
     "kv_host_gib",
+    "kv_events",
     "speculative",
     "stream_interval_ms",
     "tensor_parallel_size",

@@ -7,6 +7,7 @@ layer reads the model's type and template in one place.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,10 @@ class ServedModel:
     # The EngineConfig the engine runs with, for /v1/engine/stats: which settings are in
     # force (e.g. speculative), as SGLang's /get_server_info tells its server arguments.
     settings: dict[str, Any] = field(default_factory=dict)
+    # The model folder (config.json, weights, tokenizer) and config.json's architectures,
+    # for the routers' /model_info (a router on this machine loads the tokenizer there).
+    model_path: str | None = None
+    architectures: list[str] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -63,4 +68,16 @@ class ServedModel:
             model_type=read_model_type(model_dir),
             chat_template=template_text(engine.tokenizer),
             settings=engine.config.model_dump(mode="json"),
+            model_path=str(model_dir),
+            architectures=read_architectures(model_dir),
         )
+
+
+def read_architectures(model_dir: Path) -> list[str]:
+    """config.json's `architectures` (empty when it names none)."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return []
+    names = config.get("architectures") if isinstance(config, dict) else None
+    return [str(name) for name in names] if isinstance(names, list) else []

@@ -65,6 +65,7 @@ class ScriptedServer:
         self.api_key = api_key
         self.repeat_last = repeat_last
         self.requests: list[dict[str, Any]] = []
+        self.request_headers: list[dict[str, str]] = []  # of each request, names lowercased
         self.release = threading.Event()
         self.stalled = threading.Event()
         self.aborted = threading.Event()  # the client went away during a stalled answer
@@ -139,6 +140,7 @@ class ScriptedServer:
                 if not self._authorized():
                     return
                 server.requests.append(body)
+                server.request_headers.append({k.lower(): v for k, v in self.headers.items()})
                 step, number = server.next_step()
                 if isinstance(step, Status):
                     headers = {"Retry-After": step.retry_after} if step.retry_after else {}

@@ -90,6 +90,7 @@ def test_serve_keeps_its_flags():
         *("--fp8-decode-dots", "--no-fp8-decode-dots"),  # FP8 tensor-core decode (#28)
         "--stream-interval-ms",  # streamed tokens paced (#25)
         "--cpu-weights",  # dense weights quantized at load (#37)
+        "--kv-events",  # KV events for cache-aware routers (#40)
     }
 
 
@@ -197,10 +198,13 @@ def _other_value(name: str) -> Any:
 
 
 PARALLEL = {"tensor_parallel_size": 4, "nnodes": 2, "node_rank": 1, "master_port": 29511}
+# Strings with a shape of their own (a made-up string would not validate).
+SHAPED = {"kv_events": "tcp://127.0.0.1:5557"}
 
 
 def test_engine_config_round_trips_every_serve_setting():
-    values = {name: PARALLEL.get(name, _other_value(name)) for name in SERVE_SETTINGS}
+    given = PARALLEL | SHAPED
+    values = {name: given.get(name, _other_value(name)) for name in SERVE_SETTINGS}
     config = launch.engine_config(ServeOptions(**values))
     for name, value in values.items():
         assert getattr(config, name) == value, name

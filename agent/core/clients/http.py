@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 _TOOLS_OFF = re.compile(r"enable-auto-tool-choice|tool-call-parser", re.IGNORECASE)
 
 RETRY_STATUS = frozenset({429, 502, 503, 504})
+# The headers routers keep a session on one replica by (bind_session): vllm-router's
+# consistent_hash and sticky_least_loaded policies hash the first of x-session-id,
+# x-user-id, ... (before the body's `user`); sglang-router's manual policy (and SGLang's
+# own routing-key scheduling) reads x-smg-routing-key, the only one of these it forwards.
+SESSION_HEADERS = ("X-Session-Id", "X-SMG-Routing-Key")
 
 
 @dataclass(frozen=True)
@@ -117,9 +122,19 @@ class HTTPClient(LLMClient):
         )
         self._window: int | None = None
         self._listing: list[dict[str, Any]] | None = None
+        self.session_key: str | None = None
 
     def describe(self) -> str:
         return f"{self.model} at {self.url}"
+
+    def bind_session(self, key: str) -> None:
+        """Send `key` with every generation request, in the headers routers hash on
+        (SESSION_HEADERS). A routing hint only: servers do not split the cache by it."""
+        self.session_key = key or None
+
+    def _session_headers(self) -> dict[str, str]:
+        key = self.session_key
+        return {name: key for name in SESSION_HEADERS} if key else {}
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -221,9 +236,13 @@ class HTTPClient(LLMClient):
 
     async def _published_window(self) -> int | None:
         """What the server says one request may hold: `resident serve`'s stats, else the
-        `max_model_len` vLLM and SGLang list for each model in /v1/models."""
+        `max_model_len` vLLM and SGLang list for each model in /v1/models, else the one
+        a router's workers give in /get_model_info (below)."""
         stats_window = await self._stats_window()
-        return stats_window if stats_window is not None else await self._listed_window()
+        if stats_window is not None:
+            return stats_window
+        listed = await self._listed_window()
+        return listed if listed is not None else await self._model_info_window()
 
     async def _stats_window(self) -> int | None:
         response = await self._send("GET", "/engine/stats", stream=False)
@@ -253,6 +272,21 @@ class HTTPClient(LLMClient):
                 return value
         return None
 
+    async def _model_info_window(self) -> int | None:
+        """`max_model_len` in the worker facts a router passes through: sglang-router
+        lists no length in /v1/models and keeps /v1/engine/stats, but hands
+        /get_model_info to a worker (`resident serve` answers it with the length)."""
+        response = await self._send("GET", self.url + "/get_model_info", stream=False)
+        if response.status_code >= 400:
+            await response.aclose()
+            return None
+        try:
+            value = response.json().get("max_model_len")
+        except (ValueError, AttributeError, RecursionError):
+            return None
+        valid = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        return value if valid else None
+
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamItem]:
         await self.resolve_model()
         body: dict[str, Any] = {
@@ -276,7 +310,7 @@ class HTTPClient(LLMClient):
             "/chat/completions",
             stream=True,
             content=content,
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **self._session_headers()},
         )
         try:
             await self._check(response)
