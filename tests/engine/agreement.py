@@ -85,6 +85,10 @@ DEFAULT_MODEL_PROMPTS = [
     "1, 2, 3, 4,",
 ]
 DEFAULT_MODEL_GENERATED = 24
+# Of those positions, the last few of each sequence are teacher-forced as decode steps
+# (one row each, the decode path) and the rest in one prefill: eight prompts give 64
+# decode rows, each a whole run of the model, so more would cost the suite minutes.
+DEFAULT_MODEL_DECODED = 8
 
 
 def _rms(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -227,6 +227,7 @@ def test_the_default_model_packs_whole_and_agrees_with_its_dense_weights(monkeyp
     from engine import LLM, SamplingParams
     from engine.execution import layer_kernels, weight_packing
     from tests.engine.agreement import (
+        DEFAULT_MODEL_DECODED,
         DEFAULT_MODEL_GENERATED,
         DEFAULT_MODEL_PROMPTS,
         assert_bf16_evaluations_agree,
@@ -244,10 +245,10 @@ def test_the_default_model_packs_whole_and_agrees_with_its_dense_weights(monkeyp
     params = SamplingParams(max_tokens=DEFAULT_MODEL_GENERATED, temperature=0, ignore_eos=True)
     outputs = packed.generate(DEFAULT_MODEL_PROMPTS, params)
     sequences = [o.prompt_token_ids + o.outputs[0].token_ids for o in outputs]
-    with_packing = teacher_forced(packed, sequences, DEFAULT_MODEL_GENERATED)
+    with_packing = teacher_forced(packed, sequences, DEFAULT_MODEL_DECODED)
     for layer in layers:  # the same model with its dense BF16 weights at every row count
         layer.method.max_packed_rows = 0
-    dense = teacher_forced(packed, sequences, DEFAULT_MODEL_GENERATED)
+    dense = teacher_forced(packed, sequences, DEFAULT_MODEL_DECODED)
     del packed
     exact_model = LLM(model_dir, dtype="float32", kv_cache_dtype="auto")
     assert not any(grid_weight_of(m) is not None for m in exact_model.engine.model.modules())

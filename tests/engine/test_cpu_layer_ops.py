@@ -13,6 +13,7 @@ from engine.layers.layer_ops import CPU_LAYER_OPS, TORCH_LAYER_OPS
 from engine.layers.rotary import RotaryEmbedding, rope_inv_freq
 from engine.model_files.store import default_model_dir, is_complete
 from tests.engine.agreement import (
+    DEFAULT_MODEL_DECODED,
     DEFAULT_MODEL_GENERATED,
     DEFAULT_MODEL_PROMPTS,
     assert_bf16_evaluations_agree,
@@ -197,11 +198,11 @@ def test_default_model_logits_agree_with_c_and_torch_ops_within_bf16_rounding(mo
     outputs = llm.generate(_PROMPTS, params)
     assert len(calls) >= (_GENERATED - 1) * 61  # every norm of every step went through the kernel
     sequences = [o.prompt_token_ids + o.outputs[0].token_ids for o in outputs]
-    with_c = teacher_forced(llm, sequences, _GENERATED)
+    with_c = teacher_forced(llm, sequences, DEFAULT_MODEL_DECODED)
     counts = llm.engine.model.use_layer_ops(TORCH_LAYER_OPS)
     assert counts == {"norm": 61, "mlp": 30, "layer": 30, "rotary": 1, "rotation": 0}
     calls.clear()
-    with_torch = teacher_forced(llm, sequences, _GENERATED)
+    with_torch = teacher_forced(llm, sequences, DEFAULT_MODEL_DECODED)
     assert not calls
     del llm
     reference = LLM(model_dir, dtype="float32", kv_cache_dtype="auto", attention_backend="torch")
