@@ -30,6 +30,7 @@ import torch
 HUGE_PAGE = 2 << 20
 MADV_DONTNEED = 4
 MADV_POPULATE_READ = 22  # Linux 5.14
+MADV_POPULATE_WRITE = 23  # Linux 5.14
 MADV_COLLAPSE = 25  # Linux 6.1
 ALIGNMENT = 64  # bytes: every piece starts on a cache line, as torch's allocator gives
 _CHUNK = 256 << 20
@@ -79,7 +80,10 @@ class PackedArena:
             self._chunks.append(self._chunk)
             start = 0
         self._used = start + nbytes
-        return self._chunk[start : start + nbytes].view(dtype)
+        taken = self._chunk[start : start + nbytes]
+        # Its pages made in one call, not one fault per page as the packer writes them.
+        advise(taken.data_ptr(), nbytes, MADV_POPULATE_WRITE)
+        return taken.view(dtype)
 
     @staticmethod
     def _new_chunk(nbytes: int) -> torch.Tensor:
