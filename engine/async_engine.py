@@ -264,6 +264,10 @@ class AsyncEngine:
         """Requests running and waiting and KV use (what routers poll: /get_load)."""
         return await self.call(self.engine.load)
 
+    async def kv_event_sources(self) -> dict:
+        """Where KV events are published (a fixed setting: read without the engine thread)."""
+        return self.engine.kv_event_sources()
+
     async def flush_cache(self) -> dict[str, int]:
         """Forget every cached prefix: the tree, pinned pages included, the host tier and
         this engine's pages on disk (engine/core/prefix_tiers.py); what went and what

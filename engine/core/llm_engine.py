@@ -147,6 +147,9 @@ class LLMEngine(EngineAttributes):
         """Requests running and waiting and KV use, cheaply (engine_stats.py)."""
         return engine_load(self.parts)
 
+    def kv_event_sources(self) -> dict:
+        return self.parts.prefix.kv_event_sources()
+
     # ----- failure and shutdown -------------------------------------------------------
     @property
     def failure(self) -> str | None:

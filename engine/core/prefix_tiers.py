@@ -39,6 +39,11 @@ class PrefixTiers:
     spill: PrefixSpill | None  # pinned pages giving way (to host memory or disk), and back
     events: KVEventPublisher | None = None  # KV events (kv_events), or None
 
+    def kv_event_sources(self) -> dict:
+        """Where KV events are published, as vllm-router's discovery reads it
+        (engine/kv/kv_events.py); `{}` when they are off."""
+        return self.events.settings.event_sources() if self.events is not None else {}
+
     def close(self) -> None:
         """Stop the KV-event publisher, if any (after sending what is waiting)."""
         if self.events is not None:
@@ -80,7 +85,8 @@ class PrefixTiers:
         """Forget every cached prefix (a router's or an operator's /flush_cache): the
         tree's pages no request holds, pinned ones too, through the tree's own clear
         (so whatever watches its evictions sees them go), then the host tier's copies
-        and this engine's page files on disk. Pinned prefixes keep their pins (the
+        and this engine's page files on disk, each through its tier (so their KV
+        events say so too). Pinned prefixes keep their pins (the
         handles stay valid) and are cached, and protected, again at their next prefill;
         pages running requests hold stay, and enter the tree as usual when they finish.
         Returns what was dropped and what was kept."""
@@ -94,12 +100,11 @@ class PrefixTiers:
         report["tokens"] = (pages - cache.num_pages) * cache.page_size
         report["pinned_tokens"] = (cache.spilled_pages() - spilled) * cache.page_size
         report["in_use_tokens"] = cache.num_pages * cache.page_size
-        host = self.spill.host if self.spill is not None else None
-        if host is not None:
-            report["host_pages"], report["host_bytes"] = len(host), host.bytes
-            host.clear()
+        # Through the tiers' own methods, so their KV events report what went.
+        if self.spill is not None:
+            report["host_pages"], report["host_bytes"] = self.spill.clear_host()
         if self.store is not None:
-            report["disk_pages"], report["disk_bytes"] = self.store.tier.remove_pages()
+            report["disk_pages"], report["disk_bytes"] = self.store.remove_pages()
         return report
 
 

@@ -33,7 +33,8 @@ both tiers are off and pinned pages that give way are dropped.
 With KV events on, the host tier's pages are reported with medium CPU (stored
 when spilled into it, removed when taken back or pushed out) and those it
 writes to the disk tier with medium STORAGE (engine/kv/prefix_store.py), under
-the block hashes the tree gave them (engine/kv/radix.py).
+the block hashes the tree gave them (engine/kv/radix.py); a flush (`clear_host`)
+reports every host page removed.
 """
 
 from __future__ import annotations
@@ -280,6 +281,20 @@ class PrefixSpill:
             except (DamagedPage, OSError) as err:
                 log.warning("spilled KV page %d on disk is unusable (%s); prefilling", depth, err)
         return None, ""
+
+    # ----- flush --------------------------------------------------------------------
+    def clear_host(self) -> tuple[int, int]:
+        """Empty the host tier (a cache flush); (pages, bytes) dropped. With KV events on,
+        every page it was reported holding is reported removed (medium CPU), so a router
+        keeps no claim on pages that are gone."""
+        host = self.host
+        if host is None:
+            return 0, 0
+        dropped = len(host), host.bytes
+        host.clear()
+        if self.host_events is not None:
+            self.host_events.removed(list(self.host_events.blocks))
+        return dropped
 
     # ----- statistics ---------------------------------------------------------------
     def stats(self) -> dict:

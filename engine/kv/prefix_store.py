@@ -22,9 +22,9 @@ pressure are written through `write` too, and read back page by page
 
 With KV events on, the pages this engine writes are reported stored with
 medium STORAGE, under the block hashes the tree gave them, and reported
-removed when this engine's budget eviction deletes them. Pages found on disk
-at start-up are not reported until written again (what a restore brings into
-the tree is reported by the tree).
+removed when this engine's budget eviction or a flush (`remove_pages`) deletes
+them. Pages found on disk at start-up are not reported until written again
+(what a restore brings into the tree is reported by the tree).
 """
 
 from __future__ import annotations
@@ -151,6 +151,14 @@ class PrefixStore:
 
     def save(self, token_ids: list[int], salt: str = "") -> int:
         return self.write(self.collect(token_ids, salt))
+
+    def remove_pages(self) -> tuple[int, int]:
+        """Delete this engine's page files (a cache flush); (pages, bytes) removed. With
+        KV events on, every reported page now gone is reported removed (medium STORAGE)."""
+        removed = self.tier.remove_pages()
+        if self.events is not None:
+            self.events.missing(lambda place: self.tier.has_page(*place))
+        return removed
 
     # ----- restore ------------------------------------------------------------------
     def _candidates(self) -> list[tuple[str, dict | None]]:

@@ -30,6 +30,7 @@ from engine.server.request_body import MAX_BODY_BYTES, parse_body
 from engine.server.responses import responses_router
 from engine.server.served_model import ServedModel
 from engine.server.serving_engine import ServingEngine
+from engine.server.tokenize_routes import tokenize_router
 from engine.server.worker_routes import worker_router
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ def create_app(engine: ServingEngine, model: ServedModel, api_key: str | None = 
     app.include_router(anthropic_router(ctx, MAX_BODY_BYTES))
     app.include_router(responses_router(ctx, parse_body, _answer))
     app.include_router(worker_router(ctx))  # what routers call: model, server, load, flush
+    app.include_router(tokenize_router(ctx))  # token ids without generating (kv_aware routing)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

@@ -64,7 +64,12 @@ def renderer_for(model: ServedModel) -> ChatRenderer:
         ) from None
 
 
-def render_chat(request: ChatCompletionRequest, model: ServedModel) -> ChatPrompt:
+def render_chat(
+    request: ChatCompletionRequest, model: ServedModel, add_generation_prompt: bool = True
+) -> ChatPrompt:
+    """The prompt a chat request prefills (and, for /tokenize and the render endpoints,
+    reports: engine/server/tokenize_routes.py). `add_generation_prompt` False (vLLM's
+    /tokenize option) leaves the assistant's opening out."""
     renderer = renderer_for(model)
     check_tool_schemas(
         [
@@ -78,6 +83,7 @@ def render_chat(request: ChatCompletionRequest, model: ServedModel) -> ChatPromp
         return renderer.render(
             [message.model_dump(exclude_none=True) for message in request.messages],
             tools,
+            add_generation_prompt=add_generation_prompt,
             continue_final_message=request.continue_final_message,
             template_kwargs=request.chat_template_kwargs,
             skip_special_tokens=request.skip_special_tokens,

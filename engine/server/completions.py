@@ -83,6 +83,15 @@ class _Pieces:
         return text, choice.logprobs.build(entries, token_ids)
 
 
+def prompt_ids(prompt: str | list[int], index: int, tokenizer) -> list[int]:
+    """The token ids one prompt of a completions request prefills (also what
+    /v1/completions/render reports: engine/server/tokenize_routes.py)."""
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if not ids:
+        raise bad_request(f"prompt {index} is empty", param="prompt")
+    return ids
+
+
 async def create_completion(
     request: CompletionRequest, ctx: ServerContext, http_request: Request
 ) -> Response:
@@ -95,9 +104,7 @@ async def create_completion(
     jobs: list[Job] = []
     choices: list[_Choice] = []
     for prompt_index, prompt in enumerate(request.prompts()):
-        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise bad_request(f"prompt {prompt_index} is empty", param="prompt")
+        ids = prompt_ids(prompt, prompt_index, tokenizer)
         max_tokens = output_budget(len(ids), request.max_tokens, ctx.model)
         if isinstance(prompt, str):
             text = prompt

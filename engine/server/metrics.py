@@ -41,6 +41,12 @@ KNOWN_ROUTES = frozenset(
         "/get_load",
         "/flush_cache",
         "/health_generate",
+        "/kv_event_sources",
+        # Token ids without generating (engine/server/tokenize_routes.py).
+        "/tokenize",
+        "/detokenize",
+        "/v1/chat/completions/render",
+        "/v1/completions/render",
     }
 )
 

@@ -4,7 +4,7 @@
 serve a scripted double (tests/e2e/scripted_engine.py), which has the first two.
 No route aborts a request itself: closing `generate`'s iterator does (a client
 that went away, engine/server/generation.py). The worker endpoints routers call
-(engine/server/worker_routes.py) use `load` and `flush_cache`. Two more are read
+(engine/server/worker_routes.py) use `load`, `flush_cache` and `kv_event_sources`. Two more are read
 when present (app.py): `is_alive()`, false once the engine thread has stopped,
 and `failure()`, why the engine cannot serve.
 """
@@ -38,6 +38,11 @@ class ServingEngine(Protocol):
     async def load(self) -> dict:
         """Requests `running` and `waiting`, `waiting_tokens` still to compute, and KV
         `used_tokens`, `cached_tokens`, `capacity_tokens` (cheap: routers poll it)."""
+        ...
+
+    async def kv_event_sources(self) -> dict:
+        """vllm-router's /kv_event_sources: the KV-event publisher per data-parallel
+        rank, `{}` when the engine publishes none."""
         ...
 
     async def flush_cache(self) -> dict[str, int]:

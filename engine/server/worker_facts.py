@@ -9,7 +9,9 @@ routers read (sglang-router 0.3.2, vllm-router 0.1.17).
   from `served_model_name` (else `model_path`; without either, `unknown`), and
   reads `tp_size`, `dp_size`, `max_total_tokens`, `max_prefill_tokens`,
   `max_running_requests` and `version`; a field of the wrong type (or a second
-  spelling of the model id, `model`) makes it drop the whole answer.
+  spelling of the model id, `model`) makes it drop the whole answer. vllm-router's
+  `kv_aware` discovery reads `kv_block_size` (alias `block_size`) and takes the
+  model's name from `model_path`'s last part (src/protocols/worker_spec.rs).
 - `load_entries`: SGLang's /get_load, one entry per data-parallel rank:
   `num_reqs` (running and waiting), `num_waiting_reqs`, `num_tokens` (KV tokens
   running requests hold plus the tokens waiting requests still have to compute);
@@ -64,6 +66,7 @@ def server_info(model: ServedModel, stats: dict[str, Any]) -> dict[str, Any]:
     capacity = _int(stats.get("capacity_tokens"), model.capacity_tokens)
     batched = _int(settings.get("max_num_batched_tokens"), model.max_context_tokens)
     tp = _int(parallel.get("tp"), _int(settings.get("tensor_parallel_size"), 1))
+    page_size = _int(stats.get("page_size"), _int(settings.get("page_size"), 16))
     return {
         "model_path": path,
         "tokenizer_path": path,
@@ -82,7 +85,8 @@ def server_info(model: ServedModel, stats: dict[str, Any]) -> dict[str, Any]:
         "max_running_requests": _int(settings.get("max_num_seqs"), 1),
         "max_prefill_tokens": batched,
         "chunked_prefill_size": batched,
-        "page_size": _int(stats.get("page_size"), _int(settings.get("page_size"), 16)),
+        "page_size": page_size,
+        "kv_block_size": page_size,  # vllm-router's name: the KV events' block_size
         "dtype": settings.get("dtype"),
         "kv_cache_dtype": stats.get("kv_cache_dtype"),
         "disable_radix_cache": not settings.get("enable_prefix_caching", True),

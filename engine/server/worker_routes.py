@@ -27,6 +27,12 @@ prefill caches and protects them again), the host tier and this engine's page
 files on disk; the answer says what was dropped and what running requests kept.
 `GET /health_generate` generates one token (as SGLang's does), 503 when the engine
 cannot within HEALTH_GENERATE_TIMEOUT_S.
+
+`GET /kv_event_sources` is how vllm-router's `kv_aware` policy finds a worker's KV-event
+stream when it is not given `--kv-event-source` (src/kv_index/discovery.rs): the
+publisher per data-parallel rank, and `kv_block_size` from `/get_server_info`. With a key
+it sends its own `--api-key`. Events off, the answer is `{}`: no stream to subscribe to.
+The tokenizing endpoints its policy calls are engine/server/tokenize_routes.py.
 """
 
 from __future__ import annotations
@@ -104,6 +110,10 @@ def worker_router(ctx: ServerContext) -> APIRouter:
             "dropped": dropped,
             "kept": {"in_use_tokens": kept},
         }
+
+    @router.get("/kv_event_sources")
+    async def kv_event_sources() -> dict:
+        return await ctx.engine.kv_event_sources()
 
     @router.get("/health_generate")
     async def health_generate() -> JSONResponse:

@@ -6,8 +6,8 @@ The messages are checked against the shape written down from vLLM's source
 batch. The block hashes against vLLM's sha256_cbor chain, with golden values
 computed by cbor2 (canonical=True) + hashlib, as vLLM computes them. Then the
 tree's reports (stored chains, eviction, clears), the host and disk tiers'
-(medium CPU and STORAGE), and a real ZMQ SUB socket reading an engine on a tiny
-random checkpoint, replay included.
+(medium CPU and STORAGE, a flush's removals included), and a real ZMQ SUB socket
+reading an engine on a tiny random checkpoint, replay included.
 """
 
 from __future__ import annotations
@@ -449,6 +449,54 @@ def test_pages_written_to_disk_say_storage(tiny_llama_dir, tmp_path):
         assert [e.token_ids for e in storage] == [
             PREFIX[i * PAGE : (i + 1) * PAGE] for i in range(5)
         ]
+    finally:
+        sub.close()
+        llm.close()
+
+
+def test_a_flush_reports_the_host_and_disk_pages_it_drops(tiny_llama_dir, tmp_path):
+    """A flush empties the host tier and the disk tier through their own methods, so a
+    router that was told of CPU and STORAGE copies hears that they are gone."""
+    port = free_port()
+    llm = spilling_llm(
+        tiny_llama_dir,
+        port,
+        kv_host_gib=HOST_PAGE_BYTES * 16 / 1024**3,
+        kv_disk=True,
+        kv_disk_dir=str(tmp_path),
+    )
+    sub = Subscriber(f"tcp://127.0.0.1:{port}")
+    try:
+        llm.generate([PREFIX + [7, 8]], GREEDY)
+        assert llm.engine.save_prefix(PREFIX) == 5  # on disk ...
+        llm.engine.pin_prefix(PREFIX)
+        llm.generate([[250] * 120], BIG)  # ... and, pushed out of the pool, in host memory
+        hashes = set(wire(PREFIX))
+        sub.until(
+            lambda ev: (
+                hashes <= set(stored_of(ev, MEDIUM_CPU))
+                and hashes <= set(stored_of(ev, MEDIUM_STORAGE))
+            )
+        )
+        seen = len(sub.events())
+
+        report = llm.engine.flush_prefix_cache()
+        assert (report["host_pages"], report["disk_pages"]) == (5, 5)
+        events = sub.until(
+            lambda ev: (
+                any(isinstance(e, AllBlocksCleared) for e in ev[seen:])
+                and hashes <= set(removed_of(ev[seen:], MEDIUM_CPU))
+                and hashes <= set(removed_of(ev[seen:], MEDIUM_STORAGE))
+            )
+        )[seen:]
+        for medium in (MEDIUM_CPU, MEDIUM_STORAGE):  # each reported once, nothing else
+            assert sorted(removed_of(events, medium)) == sorted(hashes)
+            assert not stored_of(events, medium)
+        seen += len(events)
+        llm.engine.flush_prefix_cache()  # nothing left: nothing more to report
+        events = sub.until(lambda ev: any(isinstance(e, AllBlocksCleared) for e in ev[seen:]))
+        assert not removed_of(events[seen:], MEDIUM_CPU)
+        assert not removed_of(events[seen:], MEDIUM_STORAGE)
     finally:
         sub.close()
         llm.close()
