@@ -16,6 +16,7 @@ from pathlib import Path
 
 from agent.core.clients import HTTPClient, LLMClient, start_local_client
 from agent.core.clients.engine_profile import LOCAL_DEFAULT_MODEL
+from agent.core.clients.http import repository_key
 from agent.core.config import DEFAULTS, AgentConfig
 from agent.core.context import ContextSettings, ResidentContext
 from agent.core.conversation import Conversation
@@ -226,8 +227,9 @@ async def open_runtime(
     except BaseException:
         await client.aclose()
         raise
-    # Behind a router, the session's requests (its subagents' too) stay on one replica.
-    client.bind_session(session.id)
+    # Behind a router, the repository's requests (every session's, subagents' too) stay
+    # on the replica that caches its snapshot.
+    client.bind_session(repository_key(workspace))
     emitter = EventEmitter([session.journal, *sinks], next_seq=session.next_seq())
     todos.listener = emitter.emit
     if resumed:

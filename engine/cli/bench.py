@@ -26,6 +26,16 @@ def _usage_errors() -> Iterator[None]:
         fail(str(err), code=2)
 
 
+@contextmanager
+def _failures() -> Iterator[None]:
+    """A measurement that went wrong on the way (a server or router that exited, a
+    request refused) is a message and exit code 1, not a traceback."""
+    try:
+        yield
+    except RuntimeError as err:
+        fail(str(err), code=1)
+
+
 @bench_app.command("throughput")
 def bench_throughput(
     model: str = typer.Option(DEFAULT_MODEL_NAME, "--model", "-m", help=MODEL_HELP),
@@ -233,3 +243,105 @@ def bench_families(
         )
     if as_json:
         typer.echo(json.dumps(result, indent=2))
+
+
+@bench_app.command("routing")
+def bench_routing(
+    router: str = typer.Option(
+        "sglang",
+        help="Routers to measure, comma-separated: sglang (pip install sglang-router), "
+        "vllm (pip install vllm-router); their binaries beside this Python or on PATH.",
+    ),
+    policies: str = typer.Option(
+        None,
+        help="Policies, comma-separated (each router runs those it has); default: "
+        "round_robin, cache_aware and the session-key policy (sglang manual, vllm "
+        "consistent_hash), plus vllm's kv_aware (the replicas then publish KV events).",
+    ),
+    replicas: int = typer.Option(2, min=1, help="`resident serve` replicas behind the router."),
+    model: str = typer.Option(DEFAULT_MODEL_NAME, "--model", "-m", help=MODEL_HELP),
+    kv_memory: float = typer.Option(
+        None,
+        "--kv-memory",
+        min=0.0001,
+        help="KV cache per replica in GiB. Keep it below what holds every repository, or "
+        "every policy hits alike and the comparison means nothing; default: one replica's "
+        "share of the working set (every repository and every session's turns, over N); "
+        "the output says when a replica could still hold every repository.",
+    ),
+    repositories: int = typer.Option(4, min=1, help="Repositories (long shared prefixes)."),
+    sessions: int = typer.Option(3, min=1, help="Sessions per repository."),
+    turns: int = typer.Option(4, min=1, help="Turns per session, each extending the last."),
+    repository_tokens: str = typer.Option(
+        "1000-2000", help="Each repository's prefix in tokens, drawn in LOW-HIGH."
+    ),
+    turn_tokens: int = typer.Option(120, min=8, help="Tokens a turn adds (question + answer)."),
+    concurrency: int = typer.Option(4, min=1, help="Sessions in flight at once."),
+    max_tokens: int = typer.Option(8, min=1, help="Tokens generated per request."),
+    prompt_form: str = typer.Option(
+        "chat",
+        help="chat (the agent's requests), or token-ids (completions whose prompt is the "
+        "chat's token ids, the template applied here; vllm-router only).",
+    ),
+    threads: int = typer.Option(None, min=1, help="Threads per replica; default: cores / N."),
+    traffic_seed: int = typer.Option(40, help="Seed the traffic is drawn with."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Hit rate, prefill tokens and time to first token of replicas behind sglang-router or
+    vllm-router, per policy, on agent-shaped traffic (repositories, sessions, turns)."""
+    from engine.devtools.benchmarks.routing import (
+        PROMPT_FORMS,
+        ROUTERS,
+        header_lines,
+        policy_line,
+        run_routing,
+    )
+    from engine.devtools.benchmarks.routing_traffic import TrafficShape
+
+    chosen = _names(router, "--router", tuple(ROUTERS))
+    _names(prompt_form, "--prompt-form", PROMPT_FORMS)
+    if policies is None:
+        per_router = {name: ROUTERS[name].policies for name in chosen}
+    else:
+        wanted = _names(
+            policies, "--policies", sorted({p for r in ROUTERS.values() for p in r.accepted})
+        )
+        per_router = {n: tuple(p for p in wanted if p in ROUTERS[n].accepted) for n in chosen}
+        per_router = {n: p for n, p in per_router.items() if p}
+        if not per_router:
+            fail(f"--policies: none of {', '.join(wanted)} is a policy of {router}", 2)
+    # round_robin first: the others' hit rates are given as multiples of its.
+    per_router = {
+        n: tuple(sorted(p, key=lambda x: x != "round_robin")) for n, p in per_router.items()
+    }
+    low, _, high = repository_tokens.partition("-")
+    try:
+        span = (int(low), int(high or low))
+    except ValueError:
+        fail("--repository-tokens takes LOW-HIGH, e.g. 1000-2000", 2)
+
+    def show(result: dict, name: str, policy: str) -> None:
+        if not as_json:
+            if sum(len(r["policies"]) for r in result["routers"].values()) == 1:
+                typer.echo("\n".join(header_lines(result)))
+            typer.echo(policy_line(result, name, policy))
+
+    with _usage_errors(), _failures():
+        shape = TrafficShape(repositories, sessions, turns, span, turn_tokens, traffic_seed)
+        result = run_routing(
+            model,
+            per_router,
+            replicas=replicas,
+            shape=shape,
+            kv_memory_gib=kv_memory,
+            max_tokens=max_tokens,
+            concurrency=concurrency,
+            form=prompt_form,
+            threads=threads,
+            on_policy=show,
+        )
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        for note in result["notes"]:
+            typer.echo(f"note: {note}")

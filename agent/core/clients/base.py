@@ -157,10 +157,10 @@ class LLMClient(ABC):
         return self.model
 
     def bind_session(self, key: str) -> None:  # noqa: B027 - only a remote client routes
-        """Name the session every later request belongs to, so a router in front of
-        several replicas keeps them on the one that holds its prefix (HTTPClient sends
-        it; the in-process engine has nothing to route). Subagents share the client,
-        and so the key, as they share the parent's resident prefix."""
+        """Name the routing key every later request carries (the repository's: one
+        replica behind a router then holds its resident prefix for every session on
+        it). HTTPClient sends it; the in-process engine has nothing to route.
+        Subagents share the client, and so the key, as they share the prefix."""
 
     async def aclose(self) -> None:  # noqa: B027 - most clients hold nothing to release
         """Release connections or the engine."""

@@ -10,12 +10,14 @@ a stream that breaks mid-way is a `TransientError` for the caller to handle.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import random
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -44,6 +46,15 @@ RETRY_STATUS = frozenset({429, 502, 503, 504})
 # x-user-id, ... (before the body's `user`); sglang-router's manual policy (and SGLang's
 # own routing-key scheduling) reads x-smg-routing-key, the only one of these it forwards.
 SESSION_HEADERS = ("X-Session-Id", "X-SMG-Routing-Key")
+
+
+def repository_key(workspace: Path) -> str:
+    """The routing key of a repository (bind_session): one per workspace, so every
+    session on it, and their subagents, go to the replica that caches its snapshot;
+    a key per session would spread one repository's sessions over the replicas and
+    make each pay for the repository's prefill (measured: docs/SCALING.md)."""
+    digest = hashlib.sha256(str(Path(workspace).resolve()).encode()).hexdigest()
+    return f"repo-{digest[:24]}"
 
 
 @dataclass(frozen=True)
