@@ -211,6 +211,22 @@ def _outputs(allocate, tiles: int, code_bytes: int, scale_bytes: int):
     return codes, scales
 
 
+def _each_piece(rows: BlockRows, mapped, codes, scales, kernel) -> tuple[int, str | None]:
+    """Run a repack kernel over each piece, its rows landing after the previous piece's:
+    `kernel(src, row_index, first_row, n, row_bytes, type_name=, placed=(codes, scales,
+    dst_row0))` gives the C status. Returns the first nonzero status and its piece's
+    type (0, None when every piece went in)."""
+    written = 0
+    for data, type_name, index, first, count in _pieces(rows, mapped):
+        where = (data.ctypes.data, None if index is None else index.ctypes.data, first, count)
+        placed = (codes.data_ptr(), scales.data_ptr(), written)
+        status = kernel(*where, data.strides[0], type_name=type_name, placed=placed)
+        if status != 0:
+            return status, type_name
+        written += count
+    return 0, None
+
+
 def repack_block_rows(
     rows: BlockRows, allocate=None, mapped: MappedFile | None = None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -228,27 +244,17 @@ def repack_block_rows(
     groups, bits = rows.columns // GROUP, rows.bits
     tiles = -(-rows.rows // TILE)
     codes, scales = _outputs(allocate, tiles, TILE * groups * GROUP * bits // 8, TILE * groups * 4)
-    written = 0
-    for data, type_name, index, first, count in _pieces(rows, mapped):
-        status = library().gguf_grid_repack(
-            data.ctypes.data,
-            None if index is None else index.ctypes.data,
-            first,
-            count,
-            data.strides[0],
-            groups,
-            _BLOCK_CODES[type_name],
-            codes.data_ptr(),
-            scales.data_ptr(),
-            written,
-            bits,
-            torch.get_num_threads(),
+
+    def kernel(*where, type_name: str, placed: tuple) -> int:
+        return library().gguf_grid_repack(
+            *where, groups, _BLOCK_CODES[type_name], *placed, bits, torch.get_num_threads()
         )
-        if status == -3:
-            return None
-        if status != 0:
-            raise ValueError(f"gguf_grid_repack refused {type_name} rows into a {bits}-bit grid")
-        written += count
+
+    status, type_name = _each_piece(rows, mapped, codes, scales, kernel)
+    if status == -3:
+        return None
+    if status != 0:
+        raise ValueError(f"gguf_grid_repack refused {type_name} rows into a {bits}-bit grid")
     return codes, scales.view(torch.float16)
 
 
@@ -268,22 +274,13 @@ def repack_kquant_rows(
     tiles = -(-rows.rows // TILE)
     code_bytes, scale_bytes = fmt.tile_bytes_per_block
     codes, scales = _outputs(allocate, tiles, supers * code_bytes, supers * scale_bytes)
-    written = 0
-    for data, _, index, first, count in _pieces(rows, mapped):
-        status = library().gguf_kquant_repack(
-            data.ctypes.data,
-            None if index is None else index.ctypes.data,
-            first,
-            count,
-            data.strides[0],
-            supers,
-            _KQUANT_CODES[type_name],
-            codes.data_ptr(),
-            scales.data_ptr(),
-            written,
-            torch.get_num_threads(),
+
+    def kernel(*where, type_name: str, placed: tuple) -> int:
+        return library().gguf_kquant_repack(
+            *where, supers, _KQUANT_CODES[type_name], *placed, torch.get_num_threads()
         )
-        if status != 0:
-            raise ValueError(f"gguf_kquant_repack refused {type_name} rows")
-        written += count
+
+    status, _ = _each_piece(rows, mapped, codes, scales, kernel)
+    if status != 0:
+        raise ValueError(f"gguf_kquant_repack refused {type_name} rows")
     return codes, scales
