@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from engine.requests.outputs import RequestOutput
+from engine.requests.params import SamplingParams
 from engine.server.context import ServerContext, new_request_id
 from engine.server.error_responses import GenerationFailed, bad_request
 from engine.server.generation import GenerationGroup, Job, unless_disconnected
@@ -92,6 +93,23 @@ def prompt_ids(prompt: str | list[int], index: int, tokenizer) -> list[int]:
     return ids
 
 
+def completion_params(
+    request: CompletionRequest, ids: list[int], ctx: ServerContext, choice_index: int = 0
+) -> SamplingParams:
+    """One choice's sampling for a prompt of `ids` tokens: its output budget, logprobs,
+    prompt logprobs when `echo` asks for them (also what /v1/completions/render sends)."""
+    wants_prompt_logprobs = request.echo and request.logprobs is not None
+    skip = True if request.skip_special_tokens is None else request.skip_special_tokens
+    return sampling_params(
+        request,
+        output_budget(len(ids), request.max_tokens, ctx.model),
+        request.logprobs,
+        prompt_logprobs=request.logprobs if wants_prompt_logprobs else None,
+        skip_special_tokens=skip,
+        choice_index=choice_index,
+    )
+
+
 async def create_completion(
     request: CompletionRequest, ctx: ServerContext, http_request: Request
 ) -> Response:
@@ -99,13 +117,10 @@ async def create_completion(
     tokenizer = ctx.model.tokenizer
     token_text = TokenText(tokenizer)
     n = request.n
-    wants_prompt_logprobs = request.echo and request.logprobs is not None
-    skip_special = True if request.skip_special_tokens is None else request.skip_special_tokens
     jobs: list[Job] = []
     choices: list[_Choice] = []
     for prompt_index, prompt in enumerate(request.prompts()):
         ids = prompt_ids(prompt, prompt_index, tokenizer)
-        max_tokens = output_budget(len(ids), request.max_tokens, ctx.model)
         if isinstance(prompt, str):
             text = prompt
         elif request.echo:
@@ -113,14 +128,7 @@ async def create_completion(
         else:
             text = ""
         for i in range(n):
-            params = sampling_params(
-                request,
-                max_tokens,
-                request.logprobs,
-                prompt_logprobs=request.logprobs if wants_prompt_logprobs else None,
-                skip_special_tokens=skip_special,
-                choice_index=i,
-            )
+            params = completion_params(request, ids, ctx, choice_index=i)
             jobs.append(Job(ids, params))
             logprobs = None
             if request.logprobs is not None:

@@ -51,7 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from engine.requests.params import SamplingParams
 from engine.server.chat_rendering import render_chat
-from engine.server.completions import prompt_ids
+from engine.server.completions import completion_params, prompt_ids
 from engine.server.context import ServerContext
 from engine.server.error_responses import (
     APIError,
@@ -271,19 +271,10 @@ def tokenize_router(ctx: ServerContext) -> APIRouter:
     async def render_completion(request: Request) -> list[dict]:
         body = await parse_body(request, CompletionRequest)
         ctx.check_model(body.model)
-        skip_special = True if body.skip_special_tokens is None else body.skip_special_tokens
-        wants_prompt_logprobs = body.echo and body.logprobs is not None
         out = []
         for index, prompt in enumerate(body.prompts()):
             ids = prompt_ids(prompt, index, tokenizer)
-            max_tokens = output_budget(len(ids), body.max_tokens, ctx.model)
-            params = sampling_params(
-                body,
-                max_tokens,
-                body.logprobs,
-                prompt_logprobs=body.logprobs if wants_prompt_logprobs else None,
-                skip_special_tokens=skip_special,
-            )
+            params = completion_params(body, ids, ctx)
             out.append(_generate_request("cmpl", ids, params, body))
         return out
 
