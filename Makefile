@@ -42,8 +42,10 @@ run: setup
 
 test: setup $(LLAMA_CPP)/convert_hf_to_gguf.py
 	# One torch thread per test process: small ops stall badly when OpenMP
-	# threads wait on a core something else holds, and the suite gains nothing.
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
+	# threads wait on a core something else holds. Instead, one test process per
+	# core (up to 4), each taking whole files so module fixtures load once: on 2
+	# cores the suite takes 11 minutes instead of 20.
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

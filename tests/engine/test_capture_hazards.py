@@ -84,7 +84,9 @@ def test_each_hazard_kind_is_named_once_with_a_reason(fn, op):
 
 
 @pytest.mark.parametrize(
-    "fn", [lambda t: t.sum().item(), lambda t: float(t[1]), lambda t: int(t[1])], ids=str
+    "fn",
+    [lambda t: t.sum().item(), lambda t: float(t[1]), lambda t: int(t[1])],
+    ids=["item", "float", "int"],
 )
 def test_host_reads_are_named_under_inference_mode(fn):
     """The engine's forward runs under inference_mode, where item/float/int reach the
