@@ -31,6 +31,9 @@ from engine.cpu_kernels.paged_prefill import paged_prefill, prefill_supports
 
 class CPUAttentionBackend(TorchAttentionBackend):
     name = "cpu"
+    # mla_decode attends over each sequence's meta.context_slots[:length], whatever
+    # slots they are: DSA hands it only the selected ones (engine/attention/sparse_mla.py).
+    mla_decode_reads_context_slots = True
 
     def forward(self, layer, q, k, v, pool, meta: AttentionMetadata, softmax_scale: float):
         storage = getattr(pool, "storage", None)

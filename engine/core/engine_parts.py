@@ -31,6 +31,7 @@ from engine.distributed.executor import LocalExecutor, MultiProcessExecutor, mak
 from engine.distributed.launch import check_no_rank_here
 from engine.execution.rank_model import RankModel, build_rank_model
 from engine.kv.pages import PageAllocator
+from engine.kv.state_slots import StateSlots
 from engine.layers.linear_methods import describe_methods, model_weight_bytes
 from engine.model_files.store import resolve_model
 from engine.sampling.sampler import Sampler
@@ -99,6 +100,7 @@ def assemble_engine(config: EngineConfig) -> EngineParts:
         speculator = Speculator(
             config.speculative, config.speculative_max_draft, rank.max_model_len
         )
+        recurrent = rank.state_pool is not None
         scheduler = Scheduler(
             allocator,
             config.page_size,
@@ -106,8 +108,10 @@ def assemble_engine(config: EngineConfig) -> EngineParts:
             config.max_num_batched_tokens,
             prefix_cache=prefix.cache,
             max_waiting=config.max_waiting,
-            speculator=speculator,
+            # A recurrent state cannot take back a rejected draft token: no speculation.
+            speculator=None if recurrent else speculator,
             restore=prefix.restore_hook,  # spilled pages come back before a prompt's reuse
+            state_slots=StateSlots(rank.state_pool.num_slots) if recurrent else None,
         )
         return EngineParts(
             config=config,

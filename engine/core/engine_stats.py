@@ -40,6 +40,8 @@ def engine_stats(parts: EngineParts) -> dict:
         "cache_hit_rate": cache.hit_rate if cache else 0.0,
         "max_context_tokens": rank.max_model_len,
         "kv_bytes_per_token": kv_bytes_per_token(rank.layout, rank.kv_dtype),
+        # A hybrid model's fixed per-sequence states, beside the pages (engine/kv/state_pool.py).
+        **({"recurrent_state_bytes": rank.state_pool.nbytes} if rank.state_pool else {}),
         "kv_rotation": rank.kv_rotation,
         "kv_scales": scales_in_force(rank.pool, rank.kv_rotation),
         "attention_backend": runner.backend.name,

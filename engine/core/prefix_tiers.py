@@ -8,6 +8,11 @@ give way and brings them back. The tiers are handed only what they use
 owner: the tree's `spill` and the scheduler's `restore` (engine/core/engine_parts.py
 passes `restore_hook` to the Scheduler).
 
+A model with recurrent state (Kimi Linear's KDA layers) gets no prefix cache:
+a cached prefix's pages hold only its MLA layers' KV, and reusing them would
+need the recurrent state at the prefix's end too, which nothing keeps yet.
+Every request then prefills in full; this is logged once at start.
+
 With `kv_events` set, a KV-event publisher (engine/kv/kv_event_publisher.py) is
 started here too, and its recorder handed to the tree and the tiers as they are
 built: they report the pages they store and remove, the tree its clears.
@@ -15,6 +20,7 @@ built: they report the pages they store and remove, the tree its clears.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +36,8 @@ from engine.kv.prefix_spill import PrefixSpill, open_prefix_spill
 from engine.kv.prefix_store import PrefixStore, open_prefix_store
 from engine.kv.prefix_tier_parts import FingerprintFacts, PrefixTierParts
 from engine.kv.radix import RadixCache
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -118,6 +126,14 @@ def open_prefix_tiers(
 ) -> PrefixTiers:
     """The tree, and the tiers behind it that `config` asks for, hooked together."""
     if not config.enable_prefix_caching:
+        return PrefixTiers(cache=None, store=None, spill=None)
+    if rank.state_pool is not None:
+        log.info(
+            "prefix caching is off for %s: a cached prefix would also need its layers' "
+            "recurrent state at the prefix's end, which is not kept; every prompt prefills "
+            "in full",
+            rank.model_config.architecture,
+        )
         return PrefixTiers(cache=None, store=None, spill=None)
     publisher = open_publisher(parse_kv_events(config.kv_events), config.page_size)
     recorder = publisher.recorder if publisher is not None else None

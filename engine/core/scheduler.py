@@ -19,7 +19,9 @@ holds.
 Page ownership: a sequence holds one reference on every page in its page
 table, the prefix cache one on every page in its tree. The scheduler takes a
 sequence's references (allocation, or retaining cached pages on a prefix hit)
-and gives them back when the sequence finishes or is preempted.
+and gives them back when the sequence finishes or is preempted. A hybrid
+model's running sequence also holds one recurrent-state slot
+(engine/kv/state_slots.py), taken at admission and given back with its pages.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from engine.errors import EngineOverloadedError
 from engine.kv.pages import PageAllocator
 from engine.kv.radix import RadixCache
+from engine.kv.state_slots import StateSlots
 from engine.requests.sequence import ScheduledSequence, Sequence, SequenceStatus
 from engine.speculative import Speculator
 
@@ -45,8 +48,10 @@ class Scheduler:
         max_waiting: int | None = None,
         speculator: Speculator | None = None,
         restore: Callable[[list[int], str], int] | None = None,
+        state_slots: StateSlots | None = None,
     ):
         self.allocator = allocator
+        self.state_slots = state_slots
         self.restore = restore
         self.speculator = speculator
         self.prefix_cache = prefix_cache
@@ -90,6 +95,9 @@ class Scheduler:
     def free(self, seq: Sequence) -> None:
         self.allocator.release(seq.pages)
         seq.pages = []
+        if seq.state_slot is not None:
+            self.state_slots.release(seq.state_slot)
+            seq.state_slot = None
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -140,6 +148,8 @@ class Scheduler:
                     continue
                 break
             self.waiting.popleft()
+            if self.state_slots is not None:  # never short: running <= max_num_seqs = slots
+                seq.state_slot = self.state_slots.allocate()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled.append(ScheduledSequence(seq, num_tokens))

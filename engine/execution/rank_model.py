@@ -8,7 +8,8 @@ each named and kept with its concern, so every rank computes the same step:
 - the K/V rotation and fixed scales (engine/kv/scales.py), applied to the model;
 - what the CPU does with BF16 weights (engine/execution/weight_packing.py) and
   which kernels the layers run (engine/execution/layer_kernels.py);
-- the KV pool's size (engine/kv/pool_budget.py);
+- the KV pool's size (engine/kv/pool_budget.py), after a hybrid model's
+  recurrent states (one per sequence that may run: engine/kv/state_pool.py);
 - the attention backend and CUDA graphs (engine/execution/runner.py).
 
 With more than one rank, the ranks agree before allocating: the facts that
@@ -37,6 +38,7 @@ from engine.kv.pool import PagedKVPool
 from engine.kv.pool_budget import allocate_kv_pool
 from engine.kv.scales import read_scales_file, resolve_rotation
 from engine.kv.sizing import KVLayout
+from engine.kv.state_pool import RecurrentStatePool, allocate_state_pool, state_layout_of
 from engine.model_files.model_config import ModelConfig, load_config
 from engine.models.loader import load_model
 
@@ -57,6 +59,8 @@ class RankModel:
     cpu_kernel: str  # int8 or bf16 when CPU grid weights were packed, else none
     pool: PagedKVPool
     runner: ModelRunner
+    # A hybrid model's per-sequence recurrent states (Kimi Linear's KDA layers), else None.
+    state_pool: RecurrentStatePool | None = None
 
 
 def resolve_dtype(name: str, config_dtype: str | None, device: torch.device) -> torch.dtype:
@@ -100,6 +104,10 @@ def build_rank_model(config: EngineConfig, model_dir: Path, device: torch.device
     cpu_kernel = prepare_cpu_weights(model, cpu, dtype, config.cpu_weights)
     choose_layer_kernels(model, model_config, cpu, device, config.deterministic)
     return_free_memory()  # the float copies loading, rotating and packing freed
+    state_layout = state_layout_of(model)
+    state_bytes = 0
+    if state_layout is not None:
+        state_bytes = RecurrentStatePool.bytes_for(state_layout, config.max_num_seqs, dtype)
     pool = allocate_kv_pool(
         layout,
         kv_dtype,
@@ -112,8 +120,12 @@ def build_rank_model(config: EngineConfig, model_dir: Path, device: torch.device
         rotation=kv_rotation,
         scales_file=kv_scales_file,
         ckpt_scales=ckpt_scales,
+        reserved_bytes=state_bytes,
     )
-    runner = build_runner(model, pool, config, device, ranks, max_model_len)
+    state_pool = None
+    if state_layout is not None:
+        state_pool = allocate_state_pool(state_layout, config.max_num_seqs, dtype, device)
+    runner = build_runner(model, pool, config, device, ranks, max_model_len, state_pool)
     return RankModel(
         model=model,
         model_config=model_config,
@@ -127,6 +139,7 @@ def build_rank_model(config: EngineConfig, model_dir: Path, device: torch.device
         cpu_kernel=cpu_kernel,
         pool=pool,
         runner=runner,
+        state_pool=state_pool,
     )
 
 

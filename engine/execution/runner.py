@@ -16,6 +16,7 @@ import torch
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.registry import get_backend
 from engine.config import EngineConfig
+from engine.kv.state_pool import RecurrentStatePool, StepStates
 from engine.models.decoder import ForwardContext
 from engine.requests.sequence import ScheduledSequence
 
@@ -40,9 +41,12 @@ class ModelRunner:
         page_size: int,
         device: torch.device,
         verify_as_rows: bool | None = None,
+        state_pool: RecurrentStatePool | None = None,
     ):
         self.model = model
         self.pool = pool
+        # A hybrid model's per-sequence recurrent states (engine/kv/state_pool.py), else None.
+        self.state_pool = state_pool
         self.backend = backend
         self.page_size = page_size
         self.device = device
@@ -113,6 +117,8 @@ class ModelRunner:
             query_lens, context_lens, torch.cat(slot_mapping), context_slots, self.device
         )
         ctx = ForwardContext(pool=self.pool, meta=meta, backend=self.backend)
+        if self.state_pool is not None:
+            ctx.states = StepStates.for_batch(self.state_pool, batch)
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos = torch.cat(positions).to(self.device)
         hidden = self.model(ids, pos, ctx)
@@ -132,7 +138,13 @@ class ModelRunner:
 
 
 def build_runner(
-    model, pool, config: EngineConfig, device: torch.device, ranks: int, max_model_len: int
+    model,
+    pool,
+    config: EngineConfig,
+    device: torch.device,
+    ranks: int,
+    max_model_len: int,
+    state_pool: RecurrentStatePool | None = None,
 ) -> ModelRunner:
     """The runner over `config`'s attention backend, with CUDA graphs where they run."""
     runner = ModelRunner(
@@ -141,6 +153,7 @@ def build_runner(
         get_backend(config.attention_backend, config.deterministic),
         config.page_size,
         device,
+        state_pool=state_pool,
     )
     if not config.fp8_decode_dots and hasattr(runner.backend, "fp8_dot"):
         runner.backend.fp8_dot = False  # the Triton backend's default takes them where it can
@@ -162,5 +175,13 @@ def build_runner(
 
 def graphs_can_run(runner: ModelRunner) -> bool:
     """CUDA graphs replay decode on a GPU whose attention is the Triton backend (the
-    torch and deterministic backends build masks and tables on the host each step)."""
-    return runner.device.type == "cuda" and runner.backend.name == "triton"
+    torch and deterministic backends build masks and tables on the host each step),
+    for models without recurrent state (the graphs' inputs carry no state slots) and
+    whose decode step is the same work at every length (not DSA's, which turns sparse
+    past its top-k: engine/models/deepseek_v32.py)."""
+    return (
+        runner.device.type == "cuda"
+        and runner.backend.name == "triton"
+        and runner.state_pool is None
+        and getattr(runner.model, "supports_decode_graphs", True)
+    )

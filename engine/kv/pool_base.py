@@ -95,55 +95,82 @@ class PagedPoolBase:
     def capacity_tokens(self) -> int:
         return self.num_pages * self.page_size
 
+    def page_regions(self) -> tuple[torch.Tensor, ...]:
+        """The storages a page spans, each [layers, slots, ...]: the pool's one storage,
+        plus any second region a subclass keeps beside it (DSA's indexer keys,
+        engine/kv/dsa_pool.py). A page's bytes are its rows in every region, in this
+        order, so the prefix cache's tiers and checks carry all of them."""
+        return (self.storage,)
+
     @property
     def nbytes(self) -> int:
-        return self.storage.numel() * self.storage.element_size()
+        return sum(region.numel() * region.element_size() for region in self.page_regions())
 
     def page_bytes(self, page: int) -> bytes:
         """The stored bytes of one page across all layers (prefix-cache verification)."""
         start = page * self.page_size
-        rows = self.storage[:, start : start + self.page_size].contiguous()
-        raw = rows.view(torch.uint8) if rows.element_size() == 1 else rows.view(torch.int16)
-        return raw.cpu().numpy().tobytes()
+        parts = []
+        for region in self.page_regions():
+            rows = region[:, start : start + self.page_size].contiguous()
+            parts.append(_raw(rows).cpu().numpy().tobytes())
+        return b"".join(parts)
 
     def load_page_bytes(self, page: int, data: bytes) -> None:
         """Put back bytes `page_bytes` returned (the disk tier's restore): the same
         storage bytes, so a restored page is byte-identical to the saved one."""
         start = page * self.page_size
-        rows = self.storage[:, start : start + self.page_size]
-        target = rows.view(torch.uint8) if rows.element_size() == 1 else rows.view(torch.int16)
-        expected = rows.numel() * rows.element_size()
+        regions = [region[:, start : start + self.page_size] for region in self.page_regions()]
+        expected = sum(rows.numel() * rows.element_size() for rows in regions)
         if len(data) != expected:
             raise ValueError(f"a page holds {expected} bytes, not {len(data)}")
-        values = torch.frombuffer(bytearray(data), dtype=target.dtype).view(target.shape)
-        target.copy_(values.to(self.device))
+        offset = 0
+        for rows in regions:
+            target = _raw(rows)
+            size = rows.numel() * rows.element_size()
+            piece = bytearray(data[offset : offset + size])
+            values = torch.frombuffer(piece, dtype=target.dtype).view(target.shape)
+            target.copy_(values.to(self.device))
+            offset += size
 
     def _slots(self, pages: list[int]) -> torch.Tensor:
         offsets = torch.arange(self.page_size)
         return (torch.tensor(pages).view(-1, 1) * self.page_size + offsets).view(-1)
 
+    def _page_sizes(self) -> list[int]:
+        return [region[:, : self.page_size].nbytes for region in self.page_regions()]
+
     def pages_bytes(self, pages: list[int]) -> list[bytes]:
-        """`page_bytes` of several pages with one gather and one copy to the host (the
-        spill tier copies a whole evicted run of pages off a GPU at once)."""
+        """`page_bytes` of several pages with one gather and one copy to the host per
+        region (the spill tier copies a whole evicted run of pages off a GPU at once)."""
         if not pages:
             return []
-        rows = self.storage[:, self._slots(pages).to(self.device)]
-        rows = rows.view(rows.shape[0], len(pages), self.page_size, *rows.shape[2:])
-        raw = rows.movedim(1, 0).contiguous().cpu().view(torch.uint8).view(len(pages), -1)
-        return [bytes(memoryview(page.numpy())) for page in raw]
+        slots = self._slots(pages).to(self.device)
+        per_region = []
+        for region in self.page_regions():
+            rows = region[:, slots]
+            rows = rows.view(rows.shape[0], len(pages), self.page_size, *rows.shape[2:])
+            raw = rows.movedim(1, 0).contiguous().cpu().view(torch.uint8).view(len(pages), -1)
+            per_region.append([memoryview(page.numpy()) for page in raw])
+        return [b"".join(parts) for parts in zip(*per_region, strict=True)]
 
     def load_pages_bytes(self, pages: list[int], data: list[bytes]) -> None:
-        """Put back what `pages_bytes` returned, one copy to the device for all pages."""
-        expected = self.storage[:, : self.page_size].nbytes
+        """Put back what `pages_bytes` returned, one copy to the device per region."""
+        sizes = self._page_sizes()
+        expected = sum(sizes)
         if len(data) != len(pages) or any(len(d) != expected for d in data):
             raise ValueError(f"each page holds {expected} bytes; got {[len(d) for d in data]}")
         if not pages:
             return
-        flat = torch.frombuffer(bytearray(b"".join(data)), dtype=torch.uint8)
-        shape = (len(pages), self.storage.shape[0], self.page_size, *self.storage.shape[2:])
-        values = flat.view(self.storage_dtype).view(shape).movedim(0, 1)
-        values = values.reshape(self.storage.shape[0], -1, *self.storage.shape[2:])
-        self.storage[:, self._slots(pages).to(self.device)] = values.to(self.device)
+        slots = self._slots(pages).to(self.device)
+        offset = 0
+        for region, size in zip(self.page_regions(), sizes, strict=True):
+            joined = b"".join(d[offset : offset + size] for d in data)
+            flat = torch.frombuffer(bytearray(joined), dtype=torch.uint8)
+            shape = (len(pages), region.shape[0], self.page_size, *region.shape[2:])
+            values = flat.view(region.dtype).view(shape).movedim(0, 1)
+            values = values.reshape(region.shape[0], -1, *region.shape[2:])
+            region[:, slots] = values.to(self.device)
+            offset += size
 
     def checked_scales(
         self, first: torch.Tensor, second: torch.Tensor, names: str, heads: int | None = None
@@ -170,3 +197,8 @@ class PagedPoolBase:
         if not bool(torch.isfinite(first).all() and torch.isfinite(second).all()):
             raise ValueError("KV scales must be finite")
         return first, second
+
+
+def _raw(rows: torch.Tensor) -> torch.Tensor:
+    """Rows viewed as integers of their element size or two bytes (the bytes unchanged)."""
+    return rows.view(torch.uint8) if rows.element_size() == 1 else rows.view(torch.int16)

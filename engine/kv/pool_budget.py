@@ -4,8 +4,11 @@ The budget is what the user gave (`kv_memory_gib`), else 85% of the GPU's
 free memory, else the CPU default (and always room for one full-length
 sequence). The pool takes the whole pages that fit; with tensor parallelism
 the smallest count any rank can hold, because page tables are global (rank 0
-schedules pages for all). A budget that cannot hold one sequence of
-`max_model_len` is refused with the setting to change.
+schedules pages for all). A hybrid model's recurrent-state pool comes out
+of the same budget first (`reserved_bytes`: a fixed state per sequence that
+may run, engine/kv/state_pool.py), and the pages take what is left. A budget
+that cannot hold one sequence of `max_model_len` is refused with the setting
+to change.
 """
 
 from __future__ import annotations
@@ -57,11 +60,15 @@ def allocate_kv_pool(
     rotation: str,
     scales_file: dict | None,
     ckpt_scales,
+    reserved_bytes: int = 0,
 ) -> PagedKVPool:
-    """The pool this rank holds, sized to the budget, its fixed scales applied."""
+    """The pool this rank holds, sized to the budget less `reserved_bytes` (the
+    recurrent states' share), its fixed scales applied."""
     page = page_size
     per_token = kv_bytes_per_token(layout, kv_dtype)
     budget = kv_budget_bytes(kv_memory_gib, device, max_model_len, per_token, cpu_default_gib)
+    states = f" after {reserved_bytes / GIB:.3f} GiB of recurrent states" if reserved_bytes else ""
+    budget -= reserved_bytes
     num_pages = capacity_tokens(budget, layout, kv_dtype, page) // page
     if parallel.tp_size() > 1:
         from engine.collectives.agreement import min_over_ranks
@@ -71,10 +78,11 @@ def allocate_kv_pool(
     capacity = num_pages * page
     if capacity < max_model_len:
         raise KVCapacityError(
-            f"the KV budget of {budget / GIB:.3f} GiB holds {capacity} tokens "
+            f"the KV budget of {budget / GIB:.3f} GiB{states} holds {capacity} tokens "
             f"({per_token} bytes/token in {kv_dtype}), less than one sequence of "
             f"max_model_len={max_model_len}; raise --kv-memory to at least "
-            f"{max_model_len * per_token / GIB:.3f} GiB or lower --max-model-len"
+            f"{(max_model_len * per_token + reserved_bytes) / GIB:.3f} GiB or lower "
+            "--max-model-len (or --max-num-seqs, which sets how many recurrent states are kept)"
         )
     pool = make_pool(layout, num_pages, page, kv_dtype, device, per_head)
     apply_fixed_scales(pool, rotation, scales_file, ckpt_scales, per_head)

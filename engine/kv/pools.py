@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.kv.dsa_layout import DSALayout
+from engine.kv.dsa_pool import DSALatentPool
 from engine.kv.mla_pool import MLALatentPool
 from engine.kv.pool import PagedKVPool
 from engine.kv.sizing import KVLayout
@@ -26,6 +28,8 @@ def make_pool(
         return PagedKVPool(
             layout, num_pages, page_size, kv_dtype, device, per_head_scales=per_head_scales
         )
+    if isinstance(layout, DSALayout):  # MLA plus the sparse-attention indexer's keys
+        return DSALatentPool(layout, num_pages, page_size, kv_dtype, device)
     if layout.kind == "mla":
         return MLALatentPool(layout, num_pages, page_size, kv_dtype, device)
     raise ValueError(f"no KV pool for layout kind {layout.kind!r}")

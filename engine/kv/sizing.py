@@ -37,12 +37,17 @@ class KVLayout:
             return self.num_layers * self.latent_dim
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
+    def bytes_per_token(self, kv_dtype: str) -> int:
+        """What one token costs in a cache of `kv_dtype`: every value in that dtype, unless
+        a layout keeps a part in another (DSA's indexer keys: engine/kv/dsa_pool.py)."""
+        return self.values_per_token * KV_DTYPE_BYTES[kv_dtype]
+
 
 def kv_bytes_per_token(layout: KVLayout, kv_dtype: str, tp: int = 1) -> int:
     """Bytes one token occupies on one GPU (GQA heads split across TP ranks; MLA replicates)."""
     if kv_dtype not in KV_DTYPE_BYTES:
         raise ValueError(f"unknown KV dtype {kv_dtype!r}; use one of {sorted(KV_DTYPE_BYTES)}")
-    return layout.for_rank(tp).values_per_token * KV_DTYPE_BYTES[kv_dtype]
+    return layout.for_rank(tp).bytes_per_token(kv_dtype)
 
 
 def capacity_tokens(

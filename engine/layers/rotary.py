@@ -7,6 +7,7 @@ pairs (interleaved). Only the first `rotary_dim` dims of each head rotate.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -93,6 +94,14 @@ class RotaryEmbedding(nn.Module):
             attention_scaling,
             tuple(inv_freq.tolist()),
         )
+
+    def restyled(self, interleaved: bool) -> RotaryEmbedding:
+        """The same frequencies on the same tables, pairing dims in the other style (DSA's
+        indexer rotates half-split where DeepSeek V3.2's attention interleaves)."""
+        other = copy.copy(self)  # shares the cos/sin buffers: they are tens of MB
+        other.interleaved = interleaved
+        other.signature = (*self.signature[:2], interleaved, *self.signature[3:])
+        return other
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype, step_cache: dict | None):
         """cos/sin for these positions in the activations' dtype, as transformers computes them."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import CheckpointError
+from engine.model_files.config_aliases import normalise_keys
 
 # Configs whose model_type transformers does not know but whose weights follow
 # a known architecture.
@@ -21,10 +22,13 @@ MODEL_TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
 # names a model_type but no `architectures`.
 MODEL_TYPE_ARCHITECTURES = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "deepseek_v32": "DeepseekV32ForCausalLM",
+    "glm_moe_dsa": "GlmMoeDsaForCausalLM",
     "glm4_moe": "Glm4MoeForCausalLM",
     "glm4": "Glm4ForCausalLM",
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "kimi_linear": "KimiLinearForCausalLM",
 }
 
 
@@ -130,6 +134,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ModelConfig:
     model_type = raw.get("model_type")
     if model_type in MODEL_TYPE_ALIASES:
         raw["model_type"] = MODEL_TYPE_ALIASES[model_type]
+    raw = normalise_keys(raw)  # families that spell some keys their own way
     archs = raw.get("architectures") or []
     if not archs and raw.get("model_type") in MODEL_TYPE_ARCHITECTURES:
         archs = [MODEL_TYPE_ARCHITECTURES[raw["model_type"]]]

@@ -34,6 +34,9 @@ class ForwardContext:
     backend: object
     # Values every layer would otherwise recompute (rotary rows for this step's positions).
     step_cache: dict = field(default_factory=dict)
+    # Hybrid models: the recurrent-state slots of this step's sequences
+    # (engine/kv/state_pool.py StepStates); None for models without recurrent state.
+    states: object | None = None
 
 
 class RotatedKVAttention:

@@ -46,6 +46,10 @@ from engine.models.base import CausalLM
 from engine.models.decoder import ForwardContext, PreNormDecoderLayer
 from engine.models.moe_mlp import feed_forward, moe_packed_modules
 
+# The q_a and kv_a norms take the RMSNorm default, not the config's rms_norm_eps: so
+# DeepSeek's code and transformers build them (GLM-5 says rms_norm_eps 1e-5).
+LATENT_NORM_EPS = 1e-6
+
 
 def mla_dims(cfg: ModelConfig) -> MLADims:
     return MLADims(
@@ -93,15 +97,14 @@ class MLAAttention(nn.Module):
             self.fused_qkv_a_proj = FusedLinear(
                 hidden, {"q_a": self.q_lora_rank, "kv_a": kv_a_size}, bias=bias
             )
-            eps = cfg.get("rms_norm_eps", 1e-6)
-            self.q_a_layernorm = RMSNorm(self.q_lora_rank, eps)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank, LATENT_NORM_EPS)
             self.q_b_proj = ColumnParallelLinear(self.q_lora_rank, q_rows, bias=False)
         else:
             self.q_proj = ColumnParallelLinear(hidden, q_rows, bias=False)
             self.kv_a_proj_with_mqa = ColumnParallelLinear(
                 hidden, RowSlice.whole(kv_a_size), bias=bias
             )
-        self.kv_a_layernorm = RMSNorm(dims.lora_rank, cfg.get("rms_norm_eps", 1e-6))
+        self.kv_a_layernorm = RMSNorm(dims.lora_rank, LATENT_NORM_EPS)
         kv_b_rows = RowSlice.heads(full.num_heads, dims.nope_dim + dims.v_dim, "attention heads")
         self.kv_b_proj = ColumnParallelLinear(dims.lora_rank, kv_b_rows, bias=False)
         o_columns = RowSlice.heads(full.num_heads, dims.v_dim, "attention heads")
@@ -162,15 +165,18 @@ class MLAAttention(nn.Module):
             f"rope key: {self.rope_rotation.describe()}"
         )
 
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
-    ) -> torch.Tensor:
+    def project(self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext):
+        """What attention reads for this step's tokens: (q_nope, q_rope, latent, k_rope,
+        q_resid), rotated (and Hadamard-rotated where enabled); q_resid is the normalised
+        q_a output (None without q_lora_rank), which DSA's indexer also reads."""
         dims = self.dims
+        q_resid = None
         if self.q_lora_rank:
             q_a, kv_a = self.fused_qkv_a_proj(x).split(
                 [self.q_lora_rank, dims.lora_rank + dims.rope_dim], dim=-1
             )
-            q = self.q_b_proj(self.q_a_layernorm(q_a))
+            q_resid = self.q_a_layernorm(q_a)
+            q = self.q_b_proj(q_resid)
         else:
             q = self.q_proj(x)
             kv_a = self.kv_a_proj_with_mqa(x)
@@ -186,16 +192,22 @@ class MLAAttention(nn.Module):
         if self.rope_rotation is not None:  # after RoPE: q_rope·k_rope is unchanged
             q_rope = self.rope_rotation.rotate(q_rope)
             k_rope = self.rope_rotation.rotate(k_rope)
+        return q_nope, q_rope, latent, k_rope.squeeze(1), q_resid
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        q_nope, q_rope, latent, k_rope, _ = self.project(positions, x, ctx)
         out = mla_attention(
             self.layer,
             q_nope,
             q_rope,
             latent,
-            k_rope.squeeze(1),
+            k_rope,
             self.kv_b_proj.weight,
             ctx.pool,
             ctx.meta,
-            dims,
+            self.dims,
             self.scale,
             self.path,
             backend=ctx.backend,  # a backend with an MLA decode kernel takes decode steps
@@ -225,8 +237,12 @@ class DeepseekV3ForCausalLM(CausalLM):
             self.packed_modules["q_a_proj"] = ("fused_qkv_a_proj", "q_a")
             self.packed_modules["kv_a_proj_with_mqa"] = ("fused_qkv_a_proj", "kv_a")
         routing = RoutingConfig.from_config(cfg.raw) if cfg.get("n_routed_experts") else None
+        self.build(cfg, self.layer_factory(cfg, routing))
+
+    def layer_factory(self, cfg: ModelConfig, routing: RoutingConfig | None):
+        """Layer index -> decoder layer (the sparse-attention families build theirs)."""
         rotary = mla_rotary(cfg)
-        self.build(cfg, lambda i: deepseek_v3_decoder_layer(cfg, i, rotary, routing))
+        return lambda i: deepseek_v3_decoder_layer(cfg, i, rotary, routing)
 
     def kv_layout(self) -> MLALayout:
         return mla_kv_layout(self.config)

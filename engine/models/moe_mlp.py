@@ -1,10 +1,11 @@
 """The feed-forward block of DeepSeek-style MoE decoders (DeepSeek V3, Kimi K2.x, GLM-4.5+).
 
 Layers below `first_k_dense_replace` (and, for DeepSeek, layers off the
-`moe_layer_freq` beat) keep a dense SwiGLU MLP of `intermediate_size`; the
-others route each token to `num_experts_per_tok` of `n_routed_experts` small
-experts (`moe_intermediate_size`) and add `n_shared_experts` always-on ones,
-stored as one MLP of n_shared * moe_intermediate_size.
+`moe_layer_freq` beat; for Kimi Linear, those `mlp_layer_types` calls
+"dense") keep a dense SwiGLU MLP of `intermediate_size`; the others route
+each token to `num_experts_per_tok` of `n_routed_experts` small experts
+(`moe_intermediate_size`) and add `n_shared_experts` always-on ones, stored
+as one MLP of n_shared * moe_intermediate_size.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ from engine.models.decoder import GatedMLP
 def is_moe_layer(cfg: ModelConfig, layer: int) -> bool:
     if not cfg.get("n_routed_experts"):
         return False
+    # transformers' newer MoE configs (DeepSeek V3.2, GLM-5) spell the plan out per layer,
+    # derived from first_k_dense_replace when left out; where written, it decides.
+    layer_types = cfg.get("mlp_layer_types")
+    if layer_types:
+        return layer_types[layer] == "sparse"
     first_moe = cfg.get("first_k_dense_replace") or 0
     every = cfg.get("moe_layer_freq") or 1
     return layer >= first_moe and layer % every == 0

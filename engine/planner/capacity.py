@@ -29,9 +29,11 @@ from typing import Any
 from engine.errors import EngineError, ModelError
 from engine.kv.dtypes import SERVING_KV_DTYPES
 from engine.kv.sizing import KVLayout, capacity_tokens, kv_bytes_per_token
+from engine.model_files.hybrid_layers import kv_layer_count, recurrent_state_layout
 from engine.model_files.model_config import ModelConfig, load_config, parse_config
 from engine.model_files.store import DEFAULT_MODEL_NAME
 from engine.model_files.store import resolve_model as store_resolve
+from engine.models.dsa_config import dsa_kv_layout, is_dsa_config
 from engine.planner.presets import PRESETS, Preset
 from engine.planner.weight_bytes import (
     WeightScheme,
@@ -122,17 +124,37 @@ def kv_layout_for(cfg: ModelConfig) -> KVLayout:
     """The KV layout the engine's model declares: MLA latent rows, else GQA K and V.
 
     MLA keeps kv_lora_rank + qk_rope_head_dim values per token and layer (the
-    DeepseekV3 config's `head_dim` is the rope width and plays no part).
+    DeepseekV3 config's `head_dim` is the rope width and plays no part); with
+    DeepSeek sparse attention (V3.2, GLM-5.x) the indexer's keys come beside it.
     """
+    if is_dsa_config(cfg):
+        return dsa_kv_layout(cfg)
     if cfg.get("kv_lora_rank"):
         return KVLayout(
-            num_layers=cfg.num_layers,
+            num_layers=kv_layer_count(cfg),  # a hybrid's full-attention layers alone
             kind="mla",
             latent_dim=int(cfg["kv_lora_rank"]) + int(cfg["qk_rope_head_dim"]),
         )
     return KVLayout(
         num_layers=cfg.num_layers, kind="gqa", num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim
     )
+
+
+def recurrent_state_bytes(cfg: ModelConfig) -> int:
+    """What one request's recurrent state takes on each GPU (replicated: the engine does
+    not split KDA layers over ranks), with the convolution state in BF16; 0 without one."""
+    layout = recurrent_state_layout(cfg)
+    return layout.bytes_per_sequence(2) if layout is not None else 0
+
+
+def _concurrent_requests(
+    capacity: int, budget: int, context: int, per_token: int, state: int
+) -> int:
+    """Requests of `context` tokens the budget holds: the KV capacity's share, and for a
+    hybrid also each request's fixed recurrent state."""
+    if not state:
+        return capacity // context
+    return max(0, budget) // (context * per_token + state)
 
 
 def _exact(value: float) -> Fraction:
@@ -213,6 +235,11 @@ def plan(spec: str | ResolvedModel, inputs: PlanInputs | None = None) -> dict[st
     if 0 < capacity["bf16"] < context:
         warnings.append(f"one {context}-token request does not fit the BF16 KV pool")
     ratio = capacity["fp8_e4m3"] / capacity["bf16"] if capacity["bf16"] else None
+    state_bytes = recurrent_state_bytes(cfg)
+    requests = {
+        d: _concurrent_requests(capacity[d], budget, context, per_gpu[d], state_bytes)
+        for d in KV_DTYPES
+    }
     experts = num_experts(cfg)
     return {
         "model": model.name,
@@ -246,10 +273,9 @@ def plan(spec: str | ResolvedModel, inputs: PlanInputs | None = None) -> dict[st
         "capacity_tokens_all_replicas": {d: capacity[d] * replicas for d in KV_DTYPES},
         "fp8_over_bf16": round(ratio, 4) if ratio else None,
         "context_tokens": context,
-        "concurrent_requests": {d: capacity[d] // context for d in KV_DTYPES},
-        "concurrent_requests_all_replicas": {
-            d: capacity[d] // context * replicas for d in KV_DTYPES
-        },
+        "recurrent_state_bytes_per_request": state_bytes,
+        "concurrent_requests": requests,
+        "concurrent_requests_all_replicas": {d: requests[d] * replicas for d in KV_DTYPES},
         "assumptions": _assumptions(inputs, cfg, model, tp),
         "warnings": warnings,
     }
@@ -264,6 +290,13 @@ def _assumptions(inputs: PlanInputs, cfg: ModelConfig, model: ResolvedModel, tp:
         "(replicated) and GQA k/v (ceil(kv_heads/TP) heads per rank)",
         "weights are kept on the GPU in the stated form (as SGLang and vLLM serve them)",
     ]
+    if recurrent_state_bytes(cfg):
+        notes.append(
+            "hybrid: KV pages for the full-attention layers only; each request also holds a "
+            f"fixed recurrent state of {recurrent_state_bytes(cfg):,} bytes (float32 delta-rule "
+            "state, BF16 convolution state), counted in concurrent_requests, not in "
+            "capacity_tokens"
+        )
     if mtp_layers(cfg):
         notes.append(
             f"{mtp_layers(cfg)} next-token-prediction (MTP) layer: weights counted (the checkpoint "

@@ -35,6 +35,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     pages: list[int] = field(default_factory=list)
+    # Hybrid models: the recurrent-state slot it holds while running (engine/kv/state_slots.py).
+    state_slot: int | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
