@@ -66,6 +66,22 @@ def engine_run(llm, tokens: list[int]):
     return logits, masks
 
 
+def chunked_engine_run(llm, tokens: list[int], chunk_size: int, full_layers: int):
+    """engine_run with the prompt prefilled `chunk_size` tokens a step: each of the
+    `full_layers` indexer layers' chunk masks stitched into one [S, S] selection, as one
+    prefill would give it. A chunk whose queries see at most top-k positions records no
+    mask (it attends to everything visible), so its rows stay causal."""
+    with recorded_selections() as masks:
+        logits = llm.prompt_logits(tokens, chunk_size=chunk_size)
+    n = len(tokens)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    stitched = [causal.clone() for _ in range(full_layers)]
+    for i, part in enumerate(masks):  # in layer order within each chunk
+        queries, context = part.shape  # the chunk's rows end at its context length
+        stitched[i % full_layers][context - queries : context, :context] = part
+    return logits, stitched
+
+
 def assert_within_bounds_where_selection_agrees(
     got, got_masks, expected, expected_masks, fp8: bool, topk: int
 ) -> int:

@@ -25,6 +25,7 @@ from tests.engine.agreement import assert_outputs_agree
 from tests.engine.checkpoints import assert_greedy_matches_reference, reference_logits
 from tests.engine.dsa_agreement import (
     assert_within_bounds_where_selection_agrees,
+    chunked_engine_run,
     engine_run,
     recorded_selections,
     reference_run,
@@ -144,8 +145,11 @@ def test_bf16_and_fp8_within_bounds_where_selection_agrees(dtype, kv, glm_path):
     got, masks = engine_run(quantized, PROMPT)
     fp8 = kv == "fp8_e4m3"
     assert_within_bounds_where_selection_agrees(got, masks, expected, expected_masks, fp8, 8)
-    # Chunking does not change what the cache holds, indexer keys included.
-    assert (quantized.prompt_logits(PROMPT, chunk_size=5) - got).abs().mean().item() < 1e-2
+    # Chunking does not change what the cache holds, indexer keys included: where the
+    # chunked prefill selects as the whole one did, the rows differ by rounding only (the
+    # attention kernels sum in other blocks, which may move a BF16 score across top-k).
+    chunked, chunked_masks = chunked_engine_run(quantized, PROMPT, 5, len(masks))
+    assert_within_bounds_where_selection_agrees(chunked, chunked_masks, got, masks, fp8, 8)
 
 
 @pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
