@@ -25,6 +25,7 @@ from engine.layers.moe import SparseMoE
 from engine.layers.packed_methods import is_packed_method
 from engine.layers.packed_plan import plan_packed_layers
 from engine.model_files.gguf_plan import GGUF_WEIGHTS
+from engine.model_files.kimi_k3 import refuse_unrun_parts
 from engine.model_files.model_config import ModelConfig, load_config
 from engine.models import model_class
 from engine.weights.formats import weight_decoder
@@ -155,6 +156,8 @@ def load_model(
     CPU grid kernel (the caller decides that kernel runs: one rank, CPU, VNNI)."""
     model_dir = Path(model_dir)
     cfg = load_config(model_dir)
+    # Before any weight is read: a Kimi K3 config names the parts it needs beyond Kimi Linear.
+    refuse_unrun_parts(cfg)
     cls = model_class(cfg.architecture)
     gguf_file = gguf_weights_file(model_dir)
     if gguf_file is not None:

@@ -254,6 +254,12 @@ def plan(spec: str | ResolvedModel, inputs: PlanInputs | None = None) -> dict[st
                 if layout.kind == "mla"
                 else {"kv_heads": layout.num_kv_heads, "head_dim": layout.head_dim}
             ),
+            # DSA: the layers that also keep an indexer key of index_dim values per token.
+            **(
+                {"index_layers": len(layout.index_layers), "index_dim": layout.index_dim}
+                if getattr(layout, "index_layers", ())
+                else {}
+            ),
         },
         "gpu": {"name": gpu_name, "memory_bytes": gpu_bytes, "count": inputs.num_gpus},
         "tp": tp,

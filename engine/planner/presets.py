@@ -21,6 +21,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.planner.sparse_presets import (
+    GLM5_FP8,
+    GLM52_FP8,
+    K3_NOT_RUN_NOTE,
+    K3_VISION_NOTE,
+    KIMI_K3,
+    KIMI_LINEAR_48B,
+)
+
 KIMI_BASE: dict[str, Any] = {
     "architectures": ["DeepseekV3ForCausalLM"],
     "model_type": "kimi_k2",
@@ -184,7 +193,7 @@ class Preset:
     name: str
     checkpoint: str  # the Hugging Face repository the shape is taken from
     config: dict[str, Any]
-    weights: str  # bf16 | fp8 | int4: the published serving form
+    weights: str  # bf16 | fp8 | int4 | mxfp4: the published serving form
     context: int  # the context limit the model is published with
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -222,6 +231,27 @@ PRESETS: dict[str, Preset] = {
         Preset("glm-4.6", "zai-org/GLM-4.6", GLM46, "bf16", 202752),
         Preset("glm-4.7", "zai-org/GLM-4.7", GLM46, "bf16", 202752),
         Preset("glm-4-9b", "zai-org/GLM-4-9B-0414", GLM4_9B, "bf16", 32768),
+        # GLM-5.x and the Kimi hybrids: engine/planner/sparse_presets.py says where each
+        # value comes from. GLM-5.x as served on 8 H200s: the FP8 checkpoints (in BF16,
+        # 1.5 TB, they do not fit).
+        Preset("glm-5", "zai-org/GLM-5-FP8", GLM5_FP8, "fp8", 202752),
+        Preset("glm-5.1", "zai-org/GLM-5.1-FP8", GLM5_FP8, "fp8", 202752),
+        Preset("glm-5.2", "zai-org/GLM-5.2-FP8", GLM52_FP8, "fp8", 1048576),
+        Preset(
+            "kimi-linear-48b",
+            "moonshotai/Kimi-Linear-48B-A3B-Instruct",
+            KIMI_LINEAR_48B,
+            "bf16",
+            1048576,
+        ),
+        Preset(
+            "kimi-k3",
+            "moonshotai/Kimi-K3",
+            KIMI_K3,
+            "mxfp4",
+            1048576,
+            (K3_VISION_NOTE, K3_NOT_RUN_NOTE),
+        ),
         Preset("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", SMOLLM2_135M, "bf16", 8192),
     )
 }

@@ -26,33 +26,30 @@ from pathlib import Path
 
 from engine.errors import CheckpointError
 from engine.model_files.model_config import ModelConfig
+from engine.planner.kimi_weights import (
+    attention_residual_groups,
+    expert_width,
+    kda_groups,
+    kda_layer_count,
+    latent_moe_groups,
+    mla_output_gate,
+)
+from engine.planner.weight_groups import WeightGroup
 
 WEIGHT_FORMATS = ("bf16", "fp8", "int4")
-
-
-@dataclass(frozen=True)
-class WeightGroup:
-    """`count` identical matrices of rows x cols (rows=1 for vectors)."""
-
-    name: str
-    rows: int
-    cols: int
-    count: int
-    role: str  # embed | head | norm | bias | router | linear | expert
-    rank_share: Fraction  # fraction of the group one TP rank holds
-
-    @property
-    def params(self) -> int:
-        return self.rows * self.cols * self.count
+# Formats read from a checkpoint's quantization_config only (not offered by --weights).
+INT4_FAMILY = ("int4", "mxfp4")
 
 
 @dataclass(frozen=True)
 class WeightScheme:
     """How weights are stored on the GPU."""
 
-    name: str  # bf16 | fp8 | int4
+    name: str  # bf16 | fp8 | int4 | mxfp4
     block: tuple[int, int] = (128, 128)  # fp8: one float32 scale per block
-    group: int | None = 32  # int4: one bf16 scale per `group` weights of a row; None: per row
+    group: int | None = 32  # int4/mxfp4: one scale per `group` weights of a row; None: per row
+    # int4: BF16 scales; mxfp4: one 8-bit power-of-two scale (uint8 in the checkpoint).
+    scale_bytes: int = 2
 
     def describe(self, has_experts: bool) -> str:
         if self.name == "fp8":
@@ -61,16 +58,17 @@ class WeightScheme:
                 f"FP8 e4m3 linear layers, one float32 scale per {rows}x{cols} block; "
                 "embeddings, lm_head, norms, routers BF16"
             )
-        if self.name == "int4":
+        if self.name in INT4_FAMILY:
             target = "routed experts" if has_experts else "decoder linear layers"
             group = f"group {self.group}" if self.group else "per channel"
-            return f"INT4 {target} (one BF16 scale per {group}), everything else BF16"
+            kind, scale = ("MXFP4", "8-bit") if self.name == "mxfp4" else ("INT4", "BF16")
+            return f"{kind} {target} (one {scale} scale per {group}), everything else BF16"
         return "BF16 weights"
 
     def quantizes(self, group: WeightGroup, has_experts: bool) -> bool:
         if self.name == "fp8":
             return group.role in ("linear", "expert")
-        if self.name == "int4":
+        if self.name in INT4_FAMILY:
             return group.role == ("expert" if has_experts else "linear")
         return False
 
@@ -84,7 +82,7 @@ class WeightScheme:
             scales = math.ceil(group.rows / rows) * math.ceil(group.cols / cols)
             return (values + 4 * scales) * group.count
         per_row = math.ceil(group.cols / self.group) if self.group else 1
-        return (values // 2 + 2 * group.rows * per_row) * group.count
+        return (values // 2 + self.scale_bytes * group.rows * per_row) * group.count
 
 
 def scheme_from_config(cfg: ModelConfig) -> WeightScheme:
@@ -99,11 +97,16 @@ def scheme_from_config(cfg: ModelConfig) -> WeightScheme:
             weights = group.get("weights") or {}
             if weights.get("num_bits") == 4:
                 size = weights.get("group_size") if weights.get("strategy") == "group" else None
-                return WeightScheme("int4", group=int(size) if size else None)
+                size = int(size) if size else None
+                if "mxfp4" in str(group.get("format") or qc.get("format") or ""):
+                    return WeightScheme("mxfp4", group=size, scale_bytes=1)
+                return WeightScheme("int4", group=size)
     return WeightScheme("bf16")
 
 
 def scheme_named(name: str) -> WeightScheme:
+    if name == "mxfp4":  # a preset's published form (Kimi K3's experts), not a --weights choice
+        return WeightScheme("mxfp4", group=32, scale_bytes=1)
     if name not in WEIGHT_FORMATS:
         raise ValueError(f"weights {name!r}: use one of {', '.join(WEIGHT_FORMATS)}")
     return WeightScheme(name)
@@ -126,7 +129,14 @@ def _is_moe_layer(cfg: ModelConfig, index: int) -> bool:
     return index >= int(cfg.get("first_k_dense_replace") or 0) and index % freq == 0
 
 
-def _attention(cfg: ModelConfig, tp: int, n: int) -> list[WeightGroup]:
+def _attention(cfg: ModelConfig, tp: int, layers: int) -> list[WeightGroup]:
+    """Attention weights of `layers` layers: a hybrid's KDA layers apart, the rest MLA or GQA."""
+    kda = kda_layer_count(cfg)
+    groups = kda_groups(cfg, tp, kda) if kda else []
+    return groups + _softmax_attention(cfg, tp, layers - kda)
+
+
+def _softmax_attention(cfg: ModelConfig, tp: int, n: int) -> list[WeightGroup]:
     h, heads, shard = cfg.hidden_size, cfg.num_heads, Fraction(1, tp)
     if cfg.get("kv_lora_rank"):  # MLA; the config's head_dim is the rope dim, never used here
         nope, rope = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
@@ -145,6 +155,7 @@ def _attention(cfg: ModelConfig, tp: int, n: int) -> list[WeightGroup]:
             WeightGroup("kv_a_layernorm", 1, kv_rank, n, "norm", Fraction(1)),
             WeightGroup("kv_b_proj", heads * (nope + v_dim), kv_rank, n, "linear", shard),
             WeightGroup("o_proj", h, heads * v_dim, n, "linear", shard),
+            *mla_output_gate(cfg, tp, n),
         ]
     d, kv = cfg.head_dim, cfg.num_kv_heads
     kv_share = Fraction(math.ceil(kv / tp), kv)
@@ -176,12 +187,13 @@ def _feed_forward(cfg: ModelConfig, tp: int, layers: int) -> list[WeightGroup]:
             WeightGroup("mlp.down", h, inter, dense, "linear", shard),
         ]
     if moe:
-        experts = num_experts(cfg)
+        experts, width = num_experts(cfg), expert_width(cfg)
         inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
         groups += [
-            WeightGroup("experts.gate+up", inter, h, 2 * experts * moe, "expert", shard),
-            WeightGroup("experts.down", h, inter, experts * moe, "expert", shard),
+            WeightGroup("experts.gate+up", inter, width, 2 * experts * moe, "expert", shard),
+            WeightGroup("experts.down", width, inter, experts * moe, "expert", shard),
             WeightGroup("router", experts, h, moe, "router", Fraction(1)),
+            *latent_moe_groups(cfg, moe),
         ]
         if cfg.get("n_routed_experts"):  # DeepSeek-style routers carry a correction bias
             groups.append(WeightGroup("router.bias", 1, experts, moe, "router", Fraction(1)))
@@ -206,6 +218,7 @@ def weight_groups(cfg: ModelConfig, tp: int = 1, include_mtp: bool = True) -> li
     groups.append(WeightGroup("norms", 1, h, norms_per_layer * layers + 1, "norm", Fraction(1)))
     groups += _attention(cfg, tp, layers)
     groups += _feed_forward(cfg, tp, layers)
+    groups += attention_residual_groups(cfg, layers)
     if extra:  # MTP: eh_proj plus enorm, hnorm, shared_head.norm; embedding and head are shared
         groups += [
             WeightGroup("mtp.eh_proj", h, 2 * h, extra, "linear", Fraction(1)),
