@@ -42,6 +42,7 @@ def engine_stats(parts: EngineParts) -> dict:
         "kv_bytes_per_token": kv_bytes_per_token(rank.layout, rank.kv_dtype),
         # A hybrid model's fixed per-sequence states, beside the pages (engine/kv/state_pool.py).
         **({"recurrent_state_bytes": rank.state_pool.nbytes} if rank.state_pool else {}),
+        **_snapshot_stats(parts),
         "kv_rotation": rank.kv_rotation,
         "kv_scales": scales_in_force(rank.pool, rank.kv_rotation),
         "attention_backend": runner.backend.name,
@@ -59,6 +60,20 @@ def engine_stats(parts: EngineParts) -> dict:
         "parallel": parts.executor.describe(),
         "running": len(parts.scheduler.running),
         "waiting": len(parts.scheduler.waiting),
+    }
+
+
+def _snapshot_stats(parts: EngineParts) -> dict:
+    """A hybrid model's prefix-cache snapshots of its states (engine/kv/prefix_snapshots.py):
+    their memory, how many cached pages hold one, how many gave way to newer ones."""
+    pool, cache = parts.rank.snapshot_pool, parts.prefix.cache
+    snapshots = cache.snapshots if cache is not None else None
+    if pool is None or snapshots is None:
+        return {}
+    return {
+        "recurrent_snapshot_bytes": pool.nbytes,
+        "recurrent_snapshots_held": snapshots.num_held,
+        "recurrent_snapshots_dropped": snapshots.dropped,
     }
 
 

@@ -8,10 +8,13 @@ give way and brings them back. The tiers are handed only what they use
 owner: the tree's `spill` and the scheduler's `restore` (engine/core/engine_parts.py
 passes `restore_hook` to the Scheduler).
 
-A model with recurrent state (Kimi Linear's KDA layers) gets no prefix cache:
-a cached prefix's pages hold only its MLA layers' KV, and reusing them would
-need the recurrent state at the prefix's end too, which nothing keeps yet.
-Every request then prefills in full; this is logged once at start.
+A model with recurrent state (Kimi Linear's KDA layers) gets a tree that also
+keeps snapshots of that state at page boundaries (engine/kv/prefix_snapshots.py;
+the entries' tensors are the rank's snapshot pool, engine/kv/state_budget.py
+sizes it): a cached prefix's pages hold only its MLA layers' KV, and are reused
+only up to a page whose state was kept. The tiers carry a page's snapshot with
+its bytes. With no room for snapshots in the KV budget, such a model gets no
+prefix cache, and every request prefills in full; this is logged once at start.
 
 With `kv_events` set, a KV-event publisher (engine/kv/kv_event_publisher.py) is
 started here too, and its recorder handed to the tree and the tiers as they are
@@ -32,6 +35,7 @@ from engine.execution.rank_model import RankModel
 from engine.kv.kv_event_publisher import KVEventPublisher, open_publisher
 from engine.kv.kv_events import parse_kv_events
 from engine.kv.pages import PageAllocator
+from engine.kv.prefix_snapshots import PrefixSnapshots
 from engine.kv.prefix_spill import PrefixSpill, open_prefix_spill
 from engine.kv.prefix_store import PrefixStore, open_prefix_store
 from engine.kv.prefix_tier_parts import FingerprintFacts, PrefixTierParts
@@ -127,14 +131,17 @@ def open_prefix_tiers(
     """The tree, and the tiers behind it that `config` asks for, hooked together."""
     if not config.enable_prefix_caching:
         return PrefixTiers(cache=None, store=None, spill=None)
+    snapshots = None
     if rank.state_pool is not None:
-        log.info(
-            "prefix caching is off for %s: a cached prefix would also need its layers' "
-            "recurrent state at the prefix's end, which is not kept; every prompt prefills "
-            "in full",
-            rank.model_config.architecture,
-        )
-        return PrefixTiers(cache=None, store=None, spill=None)
+        if rank.snapshot_pool is None:
+            log.info(
+                "prefix caching is off for %s: a cached prefix also needs its layers' "
+                "recurrent state at its end, and the KV budget leaves no room for those "
+                "snapshots (raise --kv-memory); every prompt prefills in full",
+                rank.model_config.architecture,
+            )
+            return PrefixTiers(cache=None, store=None, spill=None)
+        snapshots = PrefixSnapshots(rank.snapshot_pool.num_slots)
     publisher = open_publisher(parse_kv_events(config.kv_events), config.page_size)
     recorder = publisher.recorder if publisher is not None else None
     try:
@@ -144,9 +151,14 @@ def open_prefix_tiers(
             page_bytes=rank.pool.page_bytes,
             verify=config.verify_prefix_cache,
             events=recorder,
+            snapshots=snapshots,
         )
         parts = PrefixTierParts(
-            rank.pool, allocator, cache, fingerprint_facts(config, rank, model_dir, device)
+            rank.pool,
+            allocator,
+            cache,
+            fingerprint_facts(config, rank, model_dir, device),
+            states=rank.snapshot_pool,
         )
         store = open_prefix_store(parts, config, tensor_parallel, recorder)
         spill = open_prefix_spill(parts, store, config, device.type, recorder)

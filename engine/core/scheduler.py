@@ -22,6 +22,10 @@ sequence's references (allocation, or retaining cached pages on a prefix hit)
 and gives them back when the sequence finishes or is preempted. A hybrid
 model's running sequence also holds one recurrent-state slot
 (engine/kv/state_slots.py), taken at admission and given back with its pages.
+With a prefix cache that keeps such a model's states, a prefix is reused only
+up to a snapshot of the state, and chunks stop where one is worth keeping
+(engine/core/snapshot_points.py): a chunk's snapshot entry is handed to the
+tree with its pages after the step (`cache`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from engine.core.snapshot_points import SnapshotPoints
 from engine.errors import EngineOverloadedError
 from engine.kv.pages import PageAllocator
 from engine.kv.radix import RadixCache
@@ -55,6 +60,10 @@ class Scheduler:
         self.restore = restore
         self.speculator = speculator
         self.prefix_cache = prefix_cache
+        # A hybrid model's prefix reuse: where its prefills keep their states, else None.
+        self.snapshot_points = None
+        if prefix_cache is not None and prefix_cache.snapshots is not None:
+            self.snapshot_points = SnapshotPoints(prefix_cache.snapshots, page_size)
         self.max_waiting = max_waiting
         self.page_size = page_size
         self.max_num_seqs = max_num_seqs
@@ -73,9 +82,19 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    @staticmethod
-    def _chunk(seq: Sequence, budget: int) -> int:
-        return min(seq.num_uncomputed, budget, seq.max_chunk or budget)
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        num_tokens = min(seq.num_uncomputed, budget, seq.max_chunk or budget)
+        if self.snapshot_points is not None:
+            num_tokens = self.snapshot_points.cut(seq, num_tokens)
+        return num_tokens
+
+    def _scheduled(self, seq: Sequence, num_tokens: int, load: int | None = None):
+        """This step's work for `seq`; for a hybrid model, with the snapshot it starts
+        from (`load`, after a prefix hit) and the entry to keep its state in, if any."""
+        item = ScheduledSequence(seq, num_tokens, load_snapshot=load)
+        if self.snapshot_points is not None:
+            item.save_snapshot = self.snapshot_points.save_entry(seq, num_tokens)
+        return item
 
     def _pages_needed(self, seq: Sequence, num_tokens: int) -> int:
         total = seq.num_computed_tokens + num_tokens
@@ -110,6 +129,8 @@ class Scheduler:
 
     def schedule(self) -> list[ScheduledSequence]:
         self.failed = []
+        if self.snapshot_points is not None:
+            self.snapshot_points.new_schedule()
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSequence] = []
         # Running sequences in arrival order; the newest are preempted first.
@@ -130,11 +151,11 @@ class Scheduler:
                     break
                 self._preempt(victim)
             else:
-                scheduled.append(ScheduledSequence(seq, num_tokens))
+                scheduled.append(self._scheduled(seq, num_tokens))
                 budget -= num_tokens
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            self._reuse_cached_prefix(seq)
+            load = self._reuse_cached_prefix(seq)
             num_tokens = self._chunk(seq, budget)
             idle = not self.running and not scheduled
             if not self._grow(seq, num_tokens, evict_pinned=idle):
@@ -152,7 +173,7 @@ class Scheduler:
                 seq.state_slot = self.state_slots.allocate()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            scheduled.append(ScheduledSequence(seq, num_tokens))
+            scheduled.append(self._scheduled(seq, num_tokens, load))
             budget -= num_tokens
         return scheduled
 
@@ -196,12 +217,13 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = "error"
 
-    def _reuse_cached_prefix(self, seq: Sequence) -> None:
-        """Start a fresh sequence after the longest prefix the cache holds for its salt."""
+    def _reuse_cached_prefix(self, seq: Sequence) -> int | None:
+        """Start a fresh sequence after the longest prefix the cache holds for its salt;
+        for a hybrid model, returns the snapshot of the state there (None: no hit)."""
         if self.prefix_cache is None or seq.pages or seq.num_computed_tokens:
-            return
+            return None
         if seq.params.prompt_logprobs is not None or seq.collect_logits:
-            return  # cached positions have no logits to report
+            return None  # cached positions have no logits to report
         if self.restore is not None:
             self.restore(seq.token_ids, seq.cache_salt)  # spilled pages come back first
         match = self.prefix_cache.match(seq.token_ids, seq.cache_salt)
@@ -210,12 +232,18 @@ class Scheduler:
         seq.pages = list(match.pages)
         seq.num_computed_tokens = match.num_pages * self.page_size
         seq.num_cached_tokens = max(seq.num_cached_tokens, seq.num_computed_tokens)
+        if self.snapshot_points is None:
+            return None
+        return self.snapshot_points.reused(seq, match)
 
-    def cache(self, seq: Sequence) -> None:
-        """Offer the sequence's computed full pages to the prefix cache."""
+    def cache(self, seq: Sequence, snapshot: int | None = None) -> None:
+        """Offer the sequence's computed full pages to the prefix cache, and `snapshot`
+        (hybrid models: the state kept after this step, which ended on a page boundary)."""
         if self.prefix_cache is not None and seq.pages:
             computed = seq.token_ids[: seq.num_computed_tokens]
-            self.prefix_cache.insert(computed, seq.pages, seq.cache_salt)
+            self.prefix_cache.insert(computed, seq.pages, seq.cache_salt, snapshot)
+        elif snapshot is not None and self.prefix_cache is not None:
+            self.prefix_cache.snapshots.give_back(snapshot)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.status = SequenceStatus.FINISHED

@@ -19,8 +19,10 @@ Layout under the root (platformdirs' user cache dir + /kv, or RESIDENT_CACHE_DIR
     <engine>/pages/<depth>-<key>.kvp one page
 
 A page file is MAGIC, a 4-byte header length, a JSON header (key, parent,
-depth, tokens, salt, payload size), the payload (the pool's bytes for that
-page across all layers) and a blake2b-256 of everything before it: a
+depth, tokens, salt, payload size, state size), the payload (the pool's bytes
+for that page across all layers), for a hybrid model the recurrent-state
+snapshot kept at the page's end if any (engine/kv/prefix_snapshots.py; absent
+from files written before states were kept: size 0), and a blake2b-256 of everything before it: a
 truncated or flipped file fails the check and is deleted, and the caller
 prefills instead. Nothing is trusted by its header alone: a read checks the
 whole file, and the scan a starting server makes (`saved_chains`) does too,
@@ -104,6 +106,7 @@ class PageRecord:
     tokens: list[int]
     salt: str
     payload: bytes
+    state: bytes = b""  # a hybrid model's recurrent state at the page's end, if kept
 
 
 def encode_page(record: PageRecord) -> bytes:
@@ -115,9 +118,11 @@ def encode_page(record: PageRecord) -> bytes:
             "tokens": record.tokens,
             "salt": record.salt,
             "payload_bytes": len(record.payload),
+            # Only where there is a state: files of models without one stay as they were.
+            **({"state_bytes": len(record.state)} if record.state else {}),
         }
     ).encode()
-    body = MAGIC + struct.pack("<I", len(header)) + header + record.payload
+    body = MAGIC + struct.pack("<I", len(header)) + header + record.payload + record.state
     return body + hashlib.blake2b(body, digest_size=DIGEST).digest()
 
 
@@ -132,23 +137,39 @@ def decode_page(data: bytes) -> PageRecord:
         raise DamagedPage("checksum mismatch (truncated or altered)")
     (size,) = struct.unpack_from("<I", data, len(MAGIC))
     start = len(MAGIC) + 4
-    payload = data[start + size : -DIGEST]
+    rest = data[start + size : -DIGEST]
     try:
         header = json.loads(data[start : start + size])
+        declared = int(header["payload_bytes"])
+        state_size = int(header.get("state_bytes", 0))
         record = PageRecord(
             key=bytes.fromhex(header["key"]),
             parent=bytes.fromhex(header["parent"]),
             depth=int(header["depth"]),
             tokens=[int(t) for t in header["tokens"]],
             salt=str(header["salt"]),
-            payload=payload,
+            payload=rest[:declared],
+            state=rest[declared:],
         )
-        declared = int(header["payload_bytes"])
-    except (ValueError, KeyError, TypeError) as err:  # a checksummed file of another shape
+    except (ValueError, KeyError, TypeError, AttributeError) as err:  # checksummed, other shape
         raise DamagedPage(f"unreadable header: {err!r}") from err
-    if len(payload) != declared:
+    if declared < 0 or state_size < 0 or len(rest) != declared + state_size:
         raise DamagedPage("payload size differs from the header")
     return record
+
+
+def stored_state_bytes(path: Path) -> int:
+    """The state size a page file's header declares, read without the rest of the file
+    (whether a saved page already carries its snapshot); 0 when unreadable."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(len(MAGIC) + 4)
+            if len(head) < len(MAGIC) + 4 or not head.startswith(MAGIC):
+                return 0
+            (size,) = struct.unpack_from("<I", head, len(MAGIC))
+            return int(json.loads(file.read(size)).get("state_bytes", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
 
 
 class DiskTier:
@@ -194,6 +215,10 @@ class DiskTier:
 
     def has_page(self, depth: int, key: bytes) -> bool:
         return self.page_path(depth, key).is_file()
+
+    def has_state(self, depth: int, key: bytes) -> bool:
+        """The saved page carries a recurrent-state snapshot (hybrid models)."""
+        return stored_state_bytes(self.page_path(depth, key)) > 0
 
     def put_page(self, record: PageRecord) -> None:
         write_atomic(self.page_path(record.depth, record.key), encode_page(record))
@@ -269,7 +294,7 @@ class DiskTier:
                 count, damaged_bytes = count + 1, damaged_bytes + len(data)
                 reasons.add(str(err))
                 continue
-            record.payload = b""  # the scan keeps headers; a restore reads and checks again
+            record.payload = record.state = b""  # headers only; a restore reads again
             good.append((mtime, record))
         if count:
             log.warning(

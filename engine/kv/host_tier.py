@@ -12,8 +12,11 @@ mismatch drops the entry and the caller prefills from there.
 
 Payloads are plain `bytes` (the pool's storage bytes for the page across all
 layers), whatever device the pool is on: on a GPU they are the host copy,
-and a CPU test can turn the tier on just the same. The budget counts payload
-bytes; the few hundred bytes of bookkeeping per entry are left out.
+and a CPU test can turn the tier on just the same. A hybrid model's page may
+also carry `state`, the recurrent-state snapshot its node kept
+(engine/kv/prefix_snapshots.py), checked with the payload. The budget counts
+payload and state bytes; the few hundred bytes of bookkeeping per entry are
+left out.
 
 Order: least recently put or touched first out. A spilled run is put tail
 first, so, as on disk, a prefix loses its tail before its head. What the
@@ -30,8 +33,10 @@ from dataclasses import dataclass
 DIGEST = 16
 
 
-def payload_digest(payload: bytes) -> bytes:
-    return hashlib.blake2b(payload, digest_size=DIGEST).digest()
+def payload_digest(payload: bytes, state: bytes = b"") -> bytes:
+    digest = hashlib.blake2b(payload, digest_size=DIGEST)
+    digest.update(state)
+    return digest.digest()
 
 
 @dataclass
@@ -43,10 +48,16 @@ class HostEntry:
     salt: str
     payload: bytes
     digest: bytes
+    state: bytes = b""  # a hybrid model's recurrent state at the page's end, if kept
 
     @classmethod
-    def of(cls, key, parent, depth, tokens, salt, payload) -> HostEntry:
-        return cls(key, parent, depth, tuple(tokens), salt, payload, payload_digest(payload))
+    def of(cls, key, parent, depth, tokens, salt, payload, state=b"") -> HostEntry:
+        digest = payload_digest(payload, state)
+        return cls(key, parent, depth, tuple(tokens), salt, payload, digest, state)
+
+    @property
+    def size(self) -> int:
+        return len(self.payload) + len(self.state)
 
 
 class HostTier:
@@ -68,28 +79,29 @@ class HostTier:
         for entry in entries:
             old = self._entries.pop(entry.key, None)
             if old is not None:
-                self.bytes -= len(old.payload)
+                self.bytes -= old.size
             self._entries[entry.key] = entry
-            self.bytes += len(entry.payload)
+            self.bytes += entry.size
         out = []
         while self.bytes > self.budget_bytes and self._entries:
             _, entry = self._entries.popitem(last=False)
-            self.bytes -= len(entry.payload)
+            self.bytes -= entry.size
             out.append(entry)
         return out
 
-    def take(self, key: bytes, parent: bytes, depth: int, tokens: list[int]) -> bytes | None:
-        """The payload stored under `key`, removed from the tier (it goes back to the
+    def take(self, key: bytes, parent: bytes, depth: int, tokens: list[int]) -> HostEntry | None:
+        """The entry stored under `key`, removed from the tier (its page goes back to the
         pool); None when there is none or it fails a check (then it is dropped)."""
         entry = self._entries.pop(key, None)
         if entry is None:
             return None
-        self.bytes -= len(entry.payload)
+        self.bytes -= entry.size
         place = (entry.parent, entry.depth, entry.tokens)
-        if place != (parent, depth, tuple(tokens)) or payload_digest(entry.payload) != entry.digest:
+        damaged = payload_digest(entry.payload, entry.state) != entry.digest
+        if place != (parent, depth, tuple(tokens)) or damaged:
             self.dropped_damaged += 1
             return None
-        return entry.payload
+        return entry
 
     def clear(self) -> None:
         self._entries.clear()

@@ -15,7 +15,9 @@ their bytes out:
   prefills them again (and they are pinned again as they enter the tree).
 
 A page's bytes are everything a restore needs to be byte-identical: the
-pool's storage for that page across all layers. FP8 scales are per layer (or
+pool's storage for that page across all layers, and for a hybrid model the
+recurrent-state snapshot its node kept, if any (engine/kv/prefix_snapshots.py),
+which comes back into a snapshot entry of the restored node. FP8 scales are per layer (or
 per KV head) for the whole pool, not per page; they enter the key instead
 (the digest of the scales in force roots the chain), as on disk, so pages
 come back only into a pool with the same scales.
@@ -124,14 +126,15 @@ class PrefixSpill:
         places = self._places([node for node, _ in victims], digest)
         try:
             payloads = self.pool.pages_bytes([page for _, page in victims])
+            states = [self.parts.snapshot_bytes(node) for node, _ in victims]
         except (RuntimeError, MemoryError) as err:  # e.g. no host memory for the copy
             log.warning("could not copy %d KV pages out of the pool: %s", len(victims), err)
             self.dropped += len(victims)
             return
         entries = [
-            HostEntry.of(key, parent, depth, node.tokens, salt, payload)
-            for (node, _), (key, parent, depth, salt), payload in zip(
-                victims, places, payloads, strict=True
+            HostEntry.of(key, parent, depth, node.tokens, salt, payload, state)
+            for (node, _), (key, parent, depth, salt), payload, state in zip(
+                victims, places, payloads, states, strict=True
             )
         ]
         blocks = {e.key: node.event_block() for (node, _), e in zip(victims, entries, strict=True)}
@@ -181,9 +184,9 @@ class PrefixSpill:
             return
         tier = self.store.tier
         records = [
-            PageRecord(e.key, e.parent, e.depth, list(e.tokens), e.salt, e.payload)
+            PageRecord(e.key, e.parent, e.depth, list(e.tokens), e.salt, e.payload, e.state)
             for e in entries
-            if not tier.has_page(e.depth, e.key)
+            if not tier.has_page(e.depth, e.key) or (e.state and not tier.has_state(e.depth, e.key))
         ]
         try:
             job = SaveJob(records, digest, scales)
@@ -236,13 +239,14 @@ class PrefixSpill:
         if want > self.allocator.num_free:
             # Room from unpinned cached pages only: never make other pinned pages give way.
             self.cache.evict(want - self.allocator.num_free)
-        pages, payloads, sources = [], [], []
+        pages, payloads, states, sources = [], [], [], []
         for depth in range(have, have + min(want, self.allocator.num_free)):
             chunk = tokens[depth * ps : (depth + 1) * ps]
-            payload, source = self._fetch(depth, keys, chunk, from_disk)
+            payload, state, source = self._fetch(depth, keys, chunk, from_disk)
             if payload is None:
                 break
             payloads.append(payload)
+            states.append(state)
             sources.append(source)
         if not payloads:
             return 0
@@ -253,8 +257,10 @@ class PrefixSpill:
             self.allocator.release(pages)
             log.warning("spilled KV pages do not fit this pool (%s); prefilling", err)
             return 0
-        self.cache.insert(tokens[: (have + len(pages)) * ps], held + pages, salt)
+        path = self.cache.insert(tokens[: (have + len(pages)) * ps], held + pages, salt)
         self.allocator.release(pages)  # the tree holds them now
+        for node, state in zip(path[have:], states, strict=True):
+            self.parts.keep_snapshot(node, state)
         self.from_host += sources.count("host")
         self.from_disk += sources.count("disk")
         if self.store is not None and "disk" in sources:
@@ -264,23 +270,25 @@ class PrefixSpill:
         log.debug("restored %d spilled KV pages (%s)", len(pages), ", ".join(set(sources)))
         return len(pages) * ps
 
-    def _fetch(self, depth, keys, chunk, from_disk) -> tuple[bytes | None, str]:
+    def _fetch(self, depth, keys, chunk, from_disk) -> tuple[bytes | None, bytes, str]:
+        """(payload, recurrent state or b"", where from) of one page; no payload: none."""
         key, parent = keys[depth + 1], keys[depth]
         if self.host is not None:
             had = key in self.host
-            payload = self.host.take(key, parent, depth, chunk)
+            entry = self.host.take(key, parent, depth, chunk)
             if had and self.host_events is not None:
                 self.host_events.removed([key])  # back in the pool, or dropped as damaged
-            if payload is not None:
-                return payload, "host"
+            if entry is not None:
+                return entry.payload, entry.state, "host"
         if from_disk:
             try:
-                return self.store.tier.get_page(depth, key, parent, chunk).payload, "disk"
+                record = self.store.tier.get_page(depth, key, parent, chunk)
+                return record.payload, record.state, "disk"
             except FileNotFoundError:
                 pass
             except (DamagedPage, OSError) as err:
                 log.warning("spilled KV page %d on disk is unusable (%s); prefilling", depth, err)
-        return None, ""
+        return None, b"", ""
 
     # ----- flush --------------------------------------------------------------------
     def clear_host(self) -> tuple[int, int]:

@@ -16,7 +16,11 @@ An FP8 pool whose scales are still to be calibrated from the first prefill
 which is what that first prefill would have been quantized with had it
 happened; a pool with scales in force only matches pages saved under exactly
 those scales. Restored pages go into the radix tree as a prefill's would, so
-the next request finds them cached. Pinned pages that give way under pool
+the next request finds them cached. For a hybrid model a saved prefix also
+carries the recurrent-state snapshot of its deepest page that has one (only
+that one: a state costs as much as thousands of tokens of pages), which a
+restore puts back with its page; pages restored without a state are reused
+only as far as an earlier snapshot reaches (engine/kv/radix.py `match`). Pinned pages that give way under pool
 pressure are written through `write` too, and read back page by page
 (engine/kv/prefix_spill.py).
 
@@ -114,11 +118,18 @@ class PrefixStore:
         tokens = list(token_ids[: len(nodes) * self.page_size])
         keys = chain_keys(root_key(self.fingerprint, digest, salt), tokens, self.page_size)
         parent = root_key(self.fingerprint, digest, salt)
+        with_state = max((d for d, n in enumerate(nodes) if n.snapshot is not None), default=-1)
         records, blocks = [], {}
         for depth, (node, key) in enumerate(zip(nodes, keys, strict=True)):
-            on_disk = self.tier.has_page(depth, key)
-            payload = b"" if on_disk else self.parts.pool.page_bytes(node.page)
-            records.append(PageRecord(key, parent, depth, list(node.tokens), salt, payload))
+            keeps_state = depth == with_state
+            on_disk = self.tier.has_page(depth, key) and (
+                not keeps_state or self.tier.has_state(depth, key)
+            )
+            payload = state = b""
+            if not on_disk:
+                payload = self.parts.pool.page_bytes(node.page)
+                state = self.parts.snapshot_bytes(node) if keeps_state else b""
+            records.append(PageRecord(key, parent, depth, list(node.tokens), salt, payload, state))
             if self.events is not None and node.event_block() is not None:
                 blocks[key] = node.event_block()
             parent = key
@@ -259,7 +270,7 @@ class PrefixStore:
         pool, allocator, ps = self.parts.pool, self.parts.allocator, self.page_size
         tokens, salt = plan.tokens, plan.salt
         new_pages: list[int] = []
-        loaded = []
+        loaded, states = [], []
         for record in records[len(have) - plan.start :]:
             # Room from unpinned, unused cached pages only.
             if not allocator.can_allocate(1) and self.parts.cache.evict(1) < 1:
@@ -277,11 +288,14 @@ class PrefixStore:
                 break
             new_pages.append(page)
             loaded.append((record.depth, record.key))
+            states.append(record.state)
         if not new_pages:
             return 0
         count = len(have) + len(new_pages)
-        self.parts.cache.insert(tokens[: count * ps], list(have) + new_pages, salt)
+        path = self.parts.cache.insert(tokens[: count * ps], list(have) + new_pages, salt)
         allocator.release(new_pages)  # the tree holds them now
+        for node, state in zip(path[len(have) :], states, strict=True):
+            self.parts.keep_snapshot(node, state)
         self.tier.touch(loaded)
         log.info("restored %d KV pages (%d tokens) from disk", len(new_pages), len(new_pages) * ps)
         return len(new_pages) * ps

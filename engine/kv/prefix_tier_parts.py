@@ -1,6 +1,10 @@
 """What the prefix tiers (prefix_store.py to disk, prefix_spill.py to host memory)
 use of the engine they serve, and nothing more: its pool, page allocator and
-radix tree, the facts that fingerprint its K/V bytes, and the settings they read.
+radix tree, the facts that fingerprint its K/V bytes, and the settings they read;
+for a hybrid model, the snapshot pool whose entries hold the recurrent state at
+some pages' ends (engine/kv/prefix_snapshots.py): a page carries its node's
+snapshot out to a tier and back, or comes back without one (and is then reused
+only as far as an earlier snapshot reaches, engine/kv/radix.py `match`).
 
 The engine's set-up (engine/core/prefix_tiers.py) builds these parts and wires
 the tiers' hooks into the tree and the scheduler itself; the tiers never reach
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,8 +25,11 @@ import torch
 
 from engine.kv.pages import PageAllocator
 from engine.kv.pool_base import PagedPoolBase
-from engine.kv.radix import RadixCache
+from engine.kv.radix import RadixCache, RadixNode
 from engine.kv.sizing import KVLayout
+from engine.kv.state_pool import RecurrentStatePool
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt")
@@ -72,8 +80,10 @@ class PrefixTierParts:
         allocator: PageAllocator,
         cache: RadixCache,
         facts: FingerprintFacts,
+        states: RecurrentStatePool | None = None,
     ):
         self.pool = pool
+        self.states = states  # the snapshot pool of a hybrid model, else None
         self.allocator = allocator
         # The tree weakly: its `spill` hook is a method of the spill tier, which holds
         # these parts; a cycle would keep a dropped engine's KV pool alive until the
@@ -91,6 +101,29 @@ class PrefixTierParts:
     @property
     def page_size(self) -> int:
         return self.facts.page_size
+
+    def snapshot_bytes(self, node: RadixNode) -> bytes:
+        """The recurrent state kept at this node's page end, or b"" (none kept)."""
+        if self.states is None or node.snapshot is None:
+            return b""
+        return self.states.slot_bytes(node.snapshot)
+
+    def keep_snapshot(self, node: RadixNode, data: bytes) -> None:
+        """Give a restored page's node its state back (a node in the tree). Without an
+        entry to be had, it stays without one: only reuse past it is lost."""
+        snapshots = self.cache.snapshots
+        if not data or self.states is None or snapshots is None or node.snapshot is not None:
+            return
+        entry = snapshots.take()
+        if entry is None:
+            return
+        try:
+            self.states.load_slot_bytes(entry, data)
+        except ValueError as err:
+            snapshots.give_back(entry)
+            log.warning("a restored recurrent state does not fit this engine (%s)", err)
+            return
+        snapshots.attach(node, entry)
 
 
 def _model_identity(model_dir: Path) -> dict:

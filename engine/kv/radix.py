@@ -24,6 +24,12 @@ A verification mode hashes a page's bytes when it enters the tree and checks
 them every time the page is reused, to catch anything that writes to a
 shared page.
 
+A hybrid model's tree (`snapshots`, engine/kv/prefix_snapshots.py) also keeps
+recurrent-state snapshots on some nodes: the state after that page's last
+token. A request's match then stops at the deepest node with one (pages past
+it are useless without the state there), leaf pages without one are evicted
+before those with one, and a node's snapshot leaves with its page.
+
 With KV events on (`events`, engine/kv/kv_events.py), each node carries vLLM's
 block hash of its page (its tokens, every page before it and the cache salt),
 and the tree reports what it holds as vLLM's block pool does: pages that gain
@@ -44,6 +50,7 @@ from dataclasses import dataclass, field
 from engine.kv.kv_event_recorder import KVEventSink
 from engine.kv.kv_events import MEDIUM_GPU
 from engine.kv.pages import PageAllocator
+from engine.kv.prefix_snapshots import PrefixSnapshots
 
 SPILLED = -1  # the page of a node whose page gave way under pressure
 
@@ -63,6 +70,7 @@ class RadixNode:
     digest: bytes | None = None
     salt: str = ""  # roots only: the cache salt below them
     block_hash: bytes | None = None  # vLLM's hash of this page (KV events on)
+    snapshot: int | None = None  # hybrid models: the recurrent state at this page's end
 
     @property
     def resident(self) -> bool:
@@ -80,6 +88,10 @@ class PrefixMatch:
     pages: list[int]
     nodes: list[RadixNode]
     spilled: bool = False  # the walk stopped at a spilled page of this prompt
+    # Hybrid models, a request's match: the snapshot to start from (at the last page),
+    # and how many pages of the prompt the tree holds, the unusable ones past it too.
+    snapshot: int | None = None
+    cached_pages: int = 0
 
     @property
     def num_pages(self) -> int:
@@ -94,8 +106,10 @@ class RadixCache:
         page_bytes: Callable[[int], bytes] | None = None,
         verify: bool = False,
         events: KVEventSink | None = None,
+        snapshots: PrefixSnapshots | None = None,
     ):
         self.allocator = allocator
+        self.snapshots = snapshots  # a hybrid model's recurrent-state snapshots, else None
         self.page_size = page_size
         self.page_bytes = page_bytes
         self.verify = verify and page_bytes is not None
@@ -121,7 +135,10 @@ class RadixCache:
 
     def match(self, tokens: list[int], salt: str = "", record: bool = True) -> PrefixMatch:
         """The longest cached run of full pages that prefixes `tokens`, leaving one token
-        uncached so the request still computes logits for its last prompt token."""
+        uncached so the request still computes logits for its last prompt token.
+
+        `record`: a request's lookup, counted for the hit rate; in a tree with
+        snapshots it stops at the deepest page that has one (`snapshot`)."""
         usable = (len(tokens) - 1) // self.page_size
         node = self.roots.get(salt)
         pages: list[int] = []
@@ -142,16 +159,25 @@ class RadixCache:
                 pages.append(child.page)
                 nodes.append(child)
                 node = child
+        cached, snapshot = len(pages), None
+        if record and self.snapshots is not None:
+            keep = self.snapshots.reusable(nodes)
+            pages, nodes = pages[:keep], nodes[:keep]
+            snapshot = nodes[-1].snapshot if nodes else None
         if record:
             self.query_tokens += len(tokens)
             self.hit_tokens += len(pages) * self.page_size
-        return PrefixMatch(pages, nodes, spilled)
+        return PrefixMatch(pages, nodes, spilled, snapshot, cached)
 
-    def insert(self, tokens: list[int], pages: list[int], salt: str = "") -> list[RadixNode]:
+    def insert(
+        self, tokens: list[int], pages: list[int], salt: str = "", snapshot: int | None = None
+    ) -> list[RadixNode]:
         """Offer a sequence's full pages ([len(tokens) // page_size] of them) to the tree.
 
         Pages whose tokens the tree already has are left to the sequence; new
-        ones gain the tree's reference. Returns the nodes on the path.
+        ones gain the tree's reference. `snapshot` (hybrid models): the state
+        after `tokens`, which end on a page boundary, kept by the last node.
+        Returns the nodes on the path.
         """
         full = min(len(tokens) // self.page_size, len(pages))
         node = self._root(salt)
@@ -187,6 +213,12 @@ class RadixCache:
             node = child
         if run:
             self._report_stored(run)
+        if snapshot is not None:
+            assert self.snapshots is not None
+            if path and len(path) * self.page_size == len(tokens):
+                self.snapshots.attach(path[-1], snapshot)
+            else:  # the state is not at the end of a page this tree holds
+                self.snapshots.give_back(snapshot)
         return path
 
     def _report_stored(self, run: list[RadixNode]) -> None:
@@ -237,9 +269,17 @@ class RadixCache:
         first). A parent whose last resident child went joins the candidates,
         so a path is eaten from its tail."""
         tie = itertools.count()
+        states = self.snapshots is not None
 
         def rank(node: RadixNode):
-            return (node.pins > 0, node.last_used, next(tie), node)
+            # With snapshots, a leaf without one ends no usable prefix: it goes first.
+            return (
+                node.pins > 0,
+                states and node.snapshot is not None,
+                node.last_used,
+                next(tie),
+                node,
+            )
 
         heap = [rank(n) for n in self._nodes() if self._evictable(n, pinned)]
         heapq.heapify(heap)
@@ -249,7 +289,7 @@ class RadixCache:
             parent = node.parent
             gone.append(node.block_hash)
             if node.pins:
-                spilled.append((node, node.page))
+                spilled.append((node, node.page))  # the hook copies its snapshot too
                 node.page, node.digest = SPILLED, None
                 self.num_pages -= 1
             else:
@@ -268,6 +308,9 @@ class RadixCache:
                     self.spill(spilled)  # before the pages can be handed out again
             finally:  # whatever the hook did, the tree no longer holds these pages
                 self.allocator.release([page for _, page in spilled])
+                if self.snapshots is not None:
+                    for node, _ in spilled:
+                        self.snapshots.detach(node)
         return freed
 
     def _remove(self, node: RadixNode) -> None:
@@ -275,6 +318,8 @@ class RadixCache:
         del node.parent.children[node.tokens]
         self.allocator.release([node.page])
         self.num_pages -= 1
+        if self.snapshots is not None:
+            self.snapshots.detach(node)
 
     def clear(self, pinned: bool = False) -> None:
         """Drop every unpinned page no sequence holds; with `pinned`, the pinned ones

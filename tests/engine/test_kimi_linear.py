@@ -11,8 +11,6 @@ their test.
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 
@@ -141,16 +139,6 @@ def test_only_the_mla_layers_keep_kv(base_llm):
     heads, dim = KIMI_LINEAR["linear_num_heads"], KIMI_LINEAR["linear_head_dim"]
     assert states.recurrent.shape == (2, 64, heads, dim, dim)  # per KDA layer and slot
     assert states.conv.shape == (2, 64, 3, 3 * heads * dim)
-
-
-def test_prefix_caching_is_off_and_says_why(checkpoints, caplog):
-    with caplog.at_level(logging.INFO, logger="engine.core.prefix_tiers"):
-        llm = make_llm(checkpoints["base"][0])
-    assert llm.engine.prefix_cache is None
-    assert "recurrent state" in caplog.text
-    first, second = llm.generate([PROMPT[:64], PROMPT[:64] + [7]], GREEDY)
-    assert first.num_cached_tokens == 0 and second.num_cached_tokens == 0
-    assert first.outputs[0].token_ids == llm.generate([PROMPT[:64]], GREEDY)[0].outputs[0].token_ids
 
 
 def test_the_states_come_out_of_the_kv_budget(checkpoints, base_llm):
