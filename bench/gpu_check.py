@@ -7,7 +7,8 @@
 
 1. Correctness against the torch backend on large shapes with random data:
    the write kernel's bytes (bit-exact on a GPU), GQA decode (groups 1/4/8/12,
-   head dims 64/128), prefill over a cached prefix, MLA decode (512+64 latent);
+   head dims 64/128), prefill over a cached prefix, MLA decode (512+64 latent),
+   DSA decode (GLM-5's indexer scores and sparse MLA decode: gpu_check_dsa);
    kernel outputs go into NaN-poisoned buffers, so an unwritten row fails.
 2. Decode attention timings (bench/gpu_check_decode.py) with CUDA events (L2 flushed between runs), GLM-4.5
    shapes (96 query / 8 KV heads, 128 dims) and Kimi's MLA (64 heads), at 8k,
@@ -54,6 +55,7 @@ from bench.gpu_check_decode import (  # noqa: E402
     tile_sweep,
     timed_ms,
 )
+from bench.gpu_check_dsa import dsa_checks  # noqa: E402
 from bench.gpu_check_layer_ops import plan as layer_ops_plan  # noqa: E402
 from bench.gpu_check_quant import plan as quant_plan  # noqa: E402
 from bench.gpu_check_quant import run_quant, table_lines  # noqa: E402
@@ -277,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     if not only:
         exact = device.type == "cuda"
         result["correctness"] = gqa_checks(cfg, device, exact) + mla_checks(cfg, device, exact)
+        result["correctness"] += dsa_checks(cfg, device)
         result["copy_gbs"] = copy_bandwidth(cfg, device)
         result["decode"] = decode_timings(cfg, device, flush)
         result["targets"] = targets(result["decode"], result["copy_gbs"])

@@ -7,7 +7,8 @@ next part runs; a part that would start after the budget is marked skipped.
 1. compile:     `python -m engine.devtools.kernel_check --gpu h200` (subprocess), as in `make test`
 2. tests:       pytest on tests/engine/triton and tests/engine/gpu_kernels, compiled on CUDA
                 (the GPU-only bit-exact tests included; needs `pip install -e '.[test]'`)
-3. correctness: the attention kernels against the torch backend (gpu_check_correctness)
+3. correctness: the attention kernels against the torch backend (gpu_check_correctness,
+                gpu_check_dsa for DeepSeek sparse attention's decode)
 4. decode:      device copy bandwidth, then GQA and MLA decode at 32k, batch 1/16/64
                 (gpu_check_decode)
 5. quant:       W4A16, FP8-block and the fused MoE (gpu_check_quant, fewer timing iterations)
@@ -188,8 +189,10 @@ def _env(device) -> dict:
 
 def _correctness(device) -> list[dict]:
     from bench.gpu_check_correctness import gqa_checks, mla_checks
+    from bench.gpu_check_dsa import dsa_checks
 
-    return gqa_checks(QUICK, device, True) + mla_checks(QUICK, device, True)
+    checks = gqa_checks(QUICK, device, True) + mla_checks(QUICK, device, True)
+    return checks + dsa_checks(QUICK, device)
 
 
 def _layer_ops(device, timed) -> dict:

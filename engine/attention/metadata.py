@@ -29,6 +29,10 @@ class AttentionMetadata:
     context_len_tensor: torch.Tensor | None = None  # context_lengths(), built on first use
     mask_cache: torch.Tensor | None = None  # mask, built on first use
     groups_cache: list | None = None  # ragged_groups(), built on first use
+    # context_slots hold a DSA selection (engine/attention/sparse_mla.py): each decode
+    # sequence's chosen slots, sorted by position but not whole pages, so kernels that find
+    # a position's slot through a page table must read them as a list instead.
+    context_is_selection: bool = False
 
     @property
     def mask(self) -> torch.Tensor | None:

@@ -34,6 +34,7 @@ import torch
 
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.mla import MLADims, mla_attention
+from engine.attention.sparse_decode import decode_top_k, selected_context
 
 # Queries scored at once: a block's [queries, heads, context] float32 scores stay
 # near 64 MB however long the prefill chunk and the context are.
@@ -100,19 +101,30 @@ def select_top_k(
         visible = positions[None, None, :] <= query_positions[:, :, None]  # [B, Q, L]
         mask = torch.zeros_like(visible).scatter_(-1, chosen, True) & visible
         return Selection(mask=mask.unsqueeze(1))
-    # One query a sequence: its selected positions become its context. Positions past
-    # the query (taken only when it sees fewer than topk) sort last and are cut.
-    chosen = chosen[:, 0].sort(dim=-1).values  # [B, k]
-    kept = (chosen <= query_positions[:, :1]).sum(-1).tolist()
-    slots = meta.context_slots.gather(1, chosen)
-    compact = AttentionMetadata.build(
-        [1] * len(kept),
-        kept,
-        meta.slot_mapping,
-        [slots[b, :n] for b, n in enumerate(kept)],
-        meta.slot_mapping.device,
-    )
-    return Selection(meta=compact)
+    # One query a sequence: its selected positions become its context.
+    return Selection(meta=selected_context(meta, chosen[:, 0]))
+
+
+def paged_decode_selection(
+    layer: int,
+    queries: torch.Tensor,
+    weights: torch.Tensor,
+    pool,
+    meta: AttentionMetadata,
+    topk: int,
+    scale: float,
+    backend=None,
+) -> Selection | None:
+    """select_top_k for a decode group (shapes as its), with the scores from a backend that
+    reads the keys of `layer` in place on their pages (`index_scores`: the Triton one);
+    None where there is no such backend or step, and the keys are gathered for select_top_k."""
+    paged = getattr(backend, "index_scores", None) if meta.decode_only else None
+    if paged is None:
+        return None
+    scores = paged(layer, queries[:, 0], weights[:, 0], pool, meta, scale)
+    if scores is None:
+        return None
+    return Selection(meta=selected_context(meta, decode_top_k(scores, topk)))
 
 
 def sparse_mla_attention(
@@ -137,7 +149,7 @@ def sparse_mla_attention(
     if len(selections) != len(groups):
         raise ValueError(f"{len(selections)} selections for {len(groups)} groups of the step")
     # A kernel may take a cut-down context only if it reads each sequence's context from
-    # the metadata's slots (the CPU one does; the Triton one reads page tables).
+    # the metadata's slots (the CPU one does; the Triton one reads them as one-token pages).
     slot_backend = backend if getattr(backend, "mla_decode_reads_context_slots", False) else None
     out = None
     for (tokens, part), chosen in zip(groups, selections, strict=True):

@@ -20,7 +20,13 @@ import torch
 from torch import nn
 
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.sparse_mla import Selection, needs_selection, select_top_k, step_groups
+from engine.attention.sparse_mla import (
+    Selection,
+    needs_selection,
+    paged_decode_selection,
+    select_top_k,
+    step_groups,
+)
 from engine.layers.linear import ColumnParallelLinear, RowSlice
 from engine.layers.rotary import RotaryEmbedding
 from engine.model_files.model_config import ModelConfig
@@ -77,7 +83,11 @@ class LightningIndexer(nn.Module):
                 selections.append(None)
                 continue
             q, w = (queries, weights) if tokens is None else (queries[tokens], weights[tokens])
-            context_keys = ctx.pool.gather_index_keys(self.layer, part.context_slots)
-            rows = part.query_index
-            selections.append(select_top_k(q[rows], w[rows], context_keys, part, topk, self.scale))
+            q, w = q[part.query_index], w[part.query_index]
+            args = (self.layer, q, w, ctx.pool, part, topk, self.scale, ctx.backend)
+            chosen = paged_decode_selection(*args)  # the Triton backend's, for decode
+            if chosen is None:
+                context_keys = ctx.pool.gather_index_keys(self.layer, part.context_slots)
+                chosen = select_top_k(q, w, context_keys, part, topk, self.scale)
+            selections.append(chosen)
         return selections

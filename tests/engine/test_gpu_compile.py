@@ -72,12 +72,15 @@ def test_every_engine_kernel_compiles_for_hopper_without_spills(tmp_path):
         "_gqa_decode_split_kernel", "_merge_splits_kernel", "_mla_decode_split_kernel",
         "_prefill_kernel", "_write_pair_kernel", "_act_quant_kernel", "_w4a16_kernel",
         "_fp8_block_kernel", "_moe_gemm_kernel", "_rms_norm_kernel", "_silu_mul_kernel",
-        "_rope_kernel",
+        "_rope_kernel", "_index_scores_kernel",
     }  # fmt: skip
+    # Sparse MLA decode (GLM-5.x): the MLA kernel over selected slots, as one-token pages.
+    assert any(r["kernel"] == "_mla_decode_split_kernel" and "PAGE_SIZE=1 " in r["config"]
+               for r in hopper)  # fmt: skip
     assert all(r["registers"] > 0 and r["shared"] <= H200.shared_limit for r in hopper)
     # The deployments planned: every model family, KV dtype and weight form.
     used = " ".join(u for r in hopper for u in r["used_by"])
     for deployment in ("kimi-k2 tp8 kv fp8_e4m3", "glm-4.5 tp8 kv bf16", "kimi-k2.5 int4",
-                       "glm-4.5 fp8", "glm-4-9b", "smollm2-135m"):  # fmt: skip
+                       "glm-4.5 fp8", "glm-4-9b", "smollm2-135m", "glm-5 tp8 kv fp8_e4m3"):  # fmt: skip
         assert deployment in used, deployment
     assert done.stdout.strip().splitlines()[-1].startswith("kernel compile check (H200 sm_90")

@@ -9,6 +9,8 @@ The kernels themselves live in one module each:
 - decode:     one query per sequence, GQA, split along the context + merge
 - prefill:    a chunk of queries over its cached, paged prefix and itself, causal
 - mla_decode: absorbed MLA queries over latent rows, split + the same merge
+- index_scores: the DSA indexer's decode scores over its paged keys (sparse MLA decode
+                is mla_decode over the selected slots)
 - backend:    TritonAttentionBackend, the interface the torch backend implements
 - target:     the GPU a launch is sized for (its own, or the compile check's)
 """

@@ -5,7 +5,10 @@ this step's K and V to the pool first, then attend over each sequence's
 context read back from the pool (DESIGN.md §3). Decode-only steps use the
 split-K decode kernel, every other step the prefill kernel. MLA models call
 `mla_decode` through the hook in engine.attention.mla for decode steps on
-the absorbed path; other MLA steps stay on the torch paths.
+the absorbed path; other MLA steps stay on the torch paths. For DeepSeek
+sparse attention it also scores a decode step's context for the indexer
+(`index_scores`) and attends over the selected slots (step_tables reads a
+selection as one-token pages).
 
 Scales reach the kernels as float32 [kv_heads] tensors from
 `pool.layer_scales(layer)` (per-tensor scales repeated per head), so
@@ -34,6 +37,7 @@ from engine.attention.triton import (
 )
 from engine.attention.triton.common import choose_fp8_dot, step_tables
 from engine.attention.triton.decode import gqa_decode
+from engine.attention.triton.index_scores import paged_index_scores
 from engine.attention.triton.kv_write import write_gqa, write_mla
 from engine.attention.triton.mla_decode import mla_decode
 from engine.attention.triton.prefill import prefill_attention
@@ -64,6 +68,9 @@ class TritonAttentionBackend:
     # Whether GQA layers get the fused rotary + rotation + KV write (rope_rotate_write);
     # off, they run the three steps (tests and benchmarks compare the two).
     fuse_rope_write = True
+    # mla_decode reads each sequence's context from the metadata, as one-token pages when it
+    # holds a DSA selection (step_tables): sparse decode runs here, not on torch.
+    mla_decode_reads_context_slots = True
 
     def __init__(self, fallback=None):
         # The engine builds its backend at start: a Triton too old for the kernels
@@ -82,6 +89,7 @@ class TritonAttentionBackend:
         self.fallback = fallback
         self.mla_decode_calls = 0  # how often MLA decode ran here (benchmarks report it)
         self.rope_write_calls = 0  # how often the fused rotary + KV write ran (likewise)
+        self.index_score_calls = 0  # how often the DSA indexer scored a decode step here
         # Decode over FP8 pages on e4m3 tensor cores: None is the kernels' default (where
         # the GPU has them); False widens the bytes instead (exact comparisons in tests).
         self.fp8_dot: bool | None = None
@@ -260,3 +268,25 @@ class TritonAttentionBackend:
         )  # fmt: skip
         self.mla_decode_calls += 1
         return torch.einsum("thr,hvr->thv", out_latent, w_uv)
+
+    def index_scores(
+        self,
+        layer: int,
+        queries: torch.Tensor,
+        weights: torch.Tensor,
+        pool,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor | None:
+        """The lightning indexer's scores for a decode step, from the keys on their pages
+        -> [B, L] float32, -inf past each sequence's length; None leaves it to torch.
+
+        queries [B, H, D] (rotated), weights [B, H] float32; `layer` keeps indexer
+        keys in `pool` (a DSALatentPool). engine/attention/sparse_mla.py takes the top-k.
+        """
+        if not meta.decode_only or not self._runs_here(queries):
+            return None
+        keys = pool.index_storage[pool.index_row[layer]]
+        tables = step_tables(meta, pool.page_size)
+        self.index_score_calls += 1
+        return paged_index_scores(queries, weights, keys, tables, scale)

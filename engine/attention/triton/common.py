@@ -195,14 +195,22 @@ class StepTables:
 def step_tables(meta, page_size: int) -> StepTables:
     """Page tables and lengths for this step, cached on the metadata object (one per step)."""
     store = getattr(meta, "__dict__", {})  # no cache if the metadata ever gets __slots__
+    selection = getattr(meta, "context_is_selection", False)
+    # A DSA selection's slots are no runs of pages: as a table of one-token pages (slot =
+    # table[p] * 1 + 0) the kernels read them as they are, with the page lookup compiled away.
+    page_size = 1 if selection else page_size
     cached = store.get("_triton_tables")
     if cached is not None and cached.page_size == page_size:
         return cached
     device = meta.context_slots.device
     slots = meta.context_slots
-    # The slot at each page's first position names the page (the runner lays
-    # slots out as page * page_size + offset).
-    tables = torch.div(slots[:, ::page_size], page_size, rounding_mode="floor").to(torch.int32)
+    if selection:
+        tables = slots.to(torch.int32)
+    else:
+        # The slot at each page's first position names the page (the runner lays
+        # slots out as page * page_size + offset).
+        tables = torch.div(slots[:, ::page_size], page_size, rounding_mode="floor")
+        tables = tables.to(torch.int32)
     starts = [0]
     for n in meta.query_lens[:-1]:
         starts.append(starts[-1] + n)

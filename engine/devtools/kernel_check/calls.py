@@ -10,6 +10,8 @@ run; nothing here chooses a tile.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from engine.devtools.kernel_check.shapes import (
@@ -105,6 +107,25 @@ def mla_attention(shape: ModelShape, tp: int, kv: str, limits: EngineLimits) -> 
         mla_decode(q, storage, tables, lora, 1.0, 1.0, scale, fp8_dot=fp8_dot)
 
     _decode_steps(kv, split_plan, heads, heads, width, storage, shape, limits, decode)
+
+
+def dsa_decode(shape: ModelShape, tp: int, kv: str, limits: EngineLimits) -> None:
+    """DeepSeek sparse attention's decode, as the Triton backend runs it: the indexer's scores
+    over its paged keys (in BF16 for every cache dtype: engine/kv/dsa_layout.py; the indexer
+    is replicated, so its heads do not split across ranks), then MLA decode over each
+    sequence's selected slots, read as one-token pages, index_topk at most a sequence."""
+    from engine.attention.triton.index_scores import paged_index_scores
+    from engine.kv.dsa_layout import index_key_dtype
+
+    page, tokens = limits.page_size, limits.max_tokens
+    keys = meta(tokens + page, shape.index_dim, dtype=KV_STORAGE[index_key_dtype(kv)])
+    for batch in (1, limits.max_batch):  # the launch's config does not depend on either
+        queries = meta(batch, shape.index_heads, shape.index_dim)
+        weights = meta(batch, shape.index_heads, dtype=torch.float32)
+        tables = _tables(batch, shape.context, 1, page)
+        paged_index_scores(queries, weights, keys, tables, shape.index_dim**-0.5)
+    selected = replace(shape, context=min(shape.index_topk, shape.context))
+    mla_attention(selected, tp, kv, replace(limits, page_size=1))
 
 
 def _decode_steps(kv, split_plan, planned_heads, q_heads, width, storage, shape, limits, decode):

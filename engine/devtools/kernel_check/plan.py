@@ -160,6 +160,8 @@ def plan_launches(
                 for kv in KV_DTYPES:
                     recorder.label = f"{shape.name} tp{tp} kv {kv}"
                     attention(shape, tp, kv, limits)
+                    if shape.index_heads:
+                        calls.dsa_decode(shape, tp, kv, limits)
             for form in shape.weight_forms:
                 recorder.label = f"{shape.name} {form} weights"
                 calls.packed_linears(shape, form, limits)

@@ -2,7 +2,7 @@
 
 Model shapes come from the planner's presets (the published config.json of
 each supported checkpoint: Llama/SmolLM2, GLM-4 dense, GLM-4.5/4.6/4.7 MoE,
-Kimi K2.x MLA) through the engine's own config reader, and per-rank head
+Kimi K2.x MLA, GLM-5.x MLA with sparse attention) through the engine's own config reader, and per-rank head
 counts from the KV layout's own `for_rank`. Where a launcher picks tiles from
 a size (rows of a GEMM, pairs of a MoE step, groups of an activation row, the
 split count of a decode step), the size ranges are swept through the
@@ -49,6 +49,11 @@ class ModelShape:
     # when the config names no factor, both model-class defaults (1.0 and 0.5).
     rotary_dims: tuple[int, ...] = ()
     shared_experts: int = 0  # n_shared_experts: their SwiGLU is one dense MLP that wide
+    # DeepSeek sparse attention (GLM-5.x, DeepSeek V3.2): the lightning indexer's heads and
+    # key width, and the positions a decode query attends to; 0 for a dense-attention model.
+    index_heads: int = 0
+    index_dim: int = 0
+    index_topk: int = 0
 
     @property
     def widest_input(self) -> int:
@@ -107,6 +112,9 @@ def model_shapes() -> list[ModelShape]:
                 norm_widths=_norm_widths(cfg, mla),
                 rotary_dims=_rotary_dims(cfg, mla),
                 shared_experts=int(cfg.get("n_shared_experts") or 0) if experts else 0,
+                index_heads=int(cfg.get("index_n_heads") or 0),
+                index_dim=int(cfg.get("index_head_dim") or 0),
+                index_topk=int(cfg.get("index_topk") or 0),
             )
         )
     return shapes

@@ -3,9 +3,9 @@
 A launch fails when it does not compile, when it asks for more shared
 memory than one block may have on the GPU, or when it spills registers to
 local memory in a kernel that must not: decode attention (the merge
-included), MLA decode, W4A16, FP8-block, fused MoE, the layer ops (norms,
-SwiGLU, rotary) and the fused rotary + KV write are the decode path's
-bandwidth-bound kernels, where a spill is a round trip to memory inside
+included), MLA decode (sparse included), the DSA indexer's scores, W4A16,
+FP8-block, fused MoE, the layer ops (norms, SwiGLU, rotary) and the fused
+rotary + KV write are the decode path's bandwidth-bound kernels, where a spill is a round trip to memory inside
 the loop that should only stream weights, KV pages or activations.
 Elsewhere a spill is reported, not failed. A
 `*_kernel` in the kernel packages that no planned launch reaches fails too:
@@ -21,6 +21,7 @@ from engine.devtools.kernel_check.plan import Launch
 SPILL_FREE_MODULES = {
     "engine.attention.triton.decode": "decode attention",
     "engine.attention.triton.mla_decode": "MLA decode",
+    "engine.attention.triton.index_scores": "the DSA indexer's decode scores",
     "engine.gpu_kernels.w4a16": "W4A16 GEMM",
     "engine.gpu_kernels.fp8_block_gemm": "FP8-block GEMM",
     "engine.gpu_kernels.fused_moe": "fused MoE",

@@ -44,7 +44,7 @@ def test_smoke_run_checks_times_and_reports(gpu_check, tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["env"]["interpreter"] is True
     checks = result["correctness"]
-    assert len(checks) == 12 and all(c["ok"] for c in checks), checks
+    assert len(checks) == 14 and all(c["ok"] for c in checks), checks  # GQA, MLA, DSA
     assert {r["kind"] for r in result["decode"]} == {"gqa", "mla"}
     assert all(r["bf16_ms"] > 0 and r["fp8_ms"] > 0 for r in result["decode"])
     assert {(r["block_n"], r["batch"]) for r in result["decode_tile_sweep"]} == {
@@ -65,7 +65,7 @@ def test_smoke_run_checks_times_and_reports(gpu_check, tmp_path, capsys):
     ] * 2
     assert all(r.get("decode_tok_s", 0) > 0 for r in result["e2e"]), result["e2e"]
     printed = capsys.readouterr().out.strip().splitlines()
-    assert printed[-1].startswith("correctness: 12/12 ok")  # the table comes last
+    assert printed[-1].startswith("correctness: 14/14 ok")  # the table comes last
     assert printed[-2] == "quantized kernels: 6/6 ok"
 
 
