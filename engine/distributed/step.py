@@ -5,8 +5,11 @@ sequence: the tokens this step feeds the model (the pending tokens, plus a
 speculative draft), the position of the first of them (the tokens already
 in the cache), the page table up to the step's last position, the token
 count, the draft, and whether the chunk ends at the sequence's last token
-(it then has a sampling row). `want` names the scheduled indexes whose whole
-chunk's logits rank 0 wants: the output head runs collectives, so every rank
+(it then has a sampling row). A hybrid model's sequence also names its
+recurrent-state slot, and the prefix-cache snapshot entries the step loads
+its state from or saves it to: the scheduler on rank 0 hands them out, and
+every rank keeps its own heads' states in the same slots and entries.
+`want` names the scheduled indexes whose whole chunk's logits rank 0 wants: the output head runs collectives, so every rank
 must compute the same rows of it. Nothing else crosses: sampling, stop checks
 and the prefix cache stay on rank 0, and the pages a prefix-cache hit reuses
 already hold every rank's shard of their K/V, because every rank ran the
@@ -33,6 +36,9 @@ class SequenceSlice:
     num_tokens: int
     draft: list[int]
     reaches_end: bool
+    state_slot: int | None = None  # hybrid models only (engine/kv/state_slots.py)
+    load_snapshot: int | None = None
+    save_snapshot: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,9 @@ def describe_step(batch, want: set[int], page_size: int) -> StepMessage:
                 num_tokens=item.num_tokens,
                 draft=list(item.draft),
                 reaches_end=item.reaches_end,
+                state_slot=seq.state_slot,
+                load_snapshot=getattr(item, "load_snapshot", None),
+                save_snapshot=getattr(item, "save_snapshot", None),
             )
         )
     return StepMessage(STEP, sequences, frozenset(want))
@@ -68,6 +77,7 @@ class WorkerSequence:
 
     num_computed_tokens: int
     pages: list[int]
+    state_slot: int | None = None
 
 
 @dataclass(slots=True)
@@ -79,6 +89,8 @@ class WorkerItem:
     draft: list[int]
     reaches_end: bool
     tokens: list[int]
+    load_snapshot: int | None = None
+    save_snapshot: int | None = None
 
     def token_ids(self) -> list[int]:
         return self.tokens
@@ -88,11 +100,13 @@ def rebuild_batch(message: StepMessage) -> list[WorkerItem]:
     """A worker: the batch ModelRunner.run takes, from rank 0's message."""
     return [
         WorkerItem(
-            seq=WorkerSequence(s.start, s.pages),
+            seq=WorkerSequence(s.start, s.pages, s.state_slot),
             num_tokens=s.num_tokens,
             draft=s.draft,
             reaches_end=s.reaches_end,
             tokens=s.token_ids,
+            load_snapshot=s.load_snapshot,
+            save_snapshot=s.save_snapshot,
         )
         for s in message.sequences
     ]

@@ -14,18 +14,19 @@ and which MoE (sigmoid routing with a correction bias, shared experts).
 Checkpoint names are the released ones: `block_sparse_moe.experts.N.w1/w2/w3`
 (gate, down, up) and per-projection conv kernels `q_conv1d`/`k_conv1d`/`v_conv1d`.
 
-Tensor parallel is not implemented for the KDA layers yet: the model refuses
-more than one rank.
+Under tensor parallelism the KDA heads split as attention heads do
+(engine/models/kimi_linear_attention.py), so each rank's state pool holds its
+heads' states; the MLA layers split as DeepSeek V3's, over a replicated latent.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from torch import nn
 
 from engine.collectives import parallel
-from engine.errors import UnsupportedModelError
 from engine.kv.mla_pool import MLALayout
 from engine.kv.recurrent_state import RecurrentStateLayout
 from engine.layers.moe import ROUTER_FP32_SUFFIXES
@@ -77,11 +78,6 @@ class KimiLinearForCausalLM(CausalLM):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if parallel.tp_size() > 1:
-            raise UnsupportedModelError(
-                "KimiLinearForCausalLM runs on one rank for now: its KDA layers are not "
-                "split for tensor parallelism; use --tp 1"
-            )
         self.packed_modules = dict(moe_packed_modules())
         if cfg.get("q_lora_rank"):
             self.packed_modules["q_a_proj"] = ("fused_qkv_a_proj", "q_a")
@@ -112,7 +108,10 @@ class KimiLinearForCausalLM(CausalLM):
         )
 
     def recurrent_state_layout(self) -> RecurrentStateLayout:
-        return recurrent_state_layout(self.config)  # never None: the plan has KDA layers
+        """One sequence's state on this rank: its share of the KDA heads (all at TP 1)."""
+        whole = recurrent_state_layout(self.config)  # never None: the plan has KDA layers
+        heads = parallel.split_size(whole.num_heads, "linear_num_heads")
+        return replace(whole, num_heads=heads, conv_channels=3 * heads * whole.key_dim)
 
     def checkpoint_target(self, name: str) -> tuple[str, str | None]:
         return super().checkpoint_target(engine_name(name))

@@ -21,7 +21,7 @@ nvidia-smi reports it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -140,11 +140,18 @@ def kv_layout_for(cfg: ModelConfig) -> KVLayout:
     )
 
 
-def recurrent_state_bytes(cfg: ModelConfig) -> int:
-    """What one request's recurrent state takes on each GPU (replicated: the engine does
-    not split KDA layers over ranks), with the convolution state in BF16; 0 without one."""
+def recurrent_state_bytes(cfg: ModelConfig, tp: int = 1) -> int:
+    """What one request's recurrent state takes on each GPU, with the convolution state in
+    BF16; 0 without one. KDA's heads (and their convolution channels) split over the TP
+    ranks like attention heads (engine/models/kimi_linear_attention.py)."""
     layout = recurrent_state_layout(cfg)
-    return layout.bytes_per_sequence(2) if layout is not None else 0
+    if layout is None:
+        return 0
+    heads = -(-layout.num_heads // tp)
+    share = replace(
+        layout, num_heads=heads, conv_channels=layout.conv_channels // layout.num_heads * heads
+    )
+    return share.bytes_per_sequence(2)
 
 
 def _concurrent_requests(
@@ -235,7 +242,7 @@ def plan(spec: str | ResolvedModel, inputs: PlanInputs | None = None) -> dict[st
     if 0 < capacity["bf16"] < context:
         warnings.append(f"one {context}-token request does not fit the BF16 KV pool")
     ratio = capacity["fp8_e4m3"] / capacity["bf16"] if capacity["bf16"] else None
-    state_bytes = recurrent_state_bytes(cfg)
+    state_bytes = recurrent_state_bytes(cfg, tp)
     requests = {
         d: _concurrent_requests(capacity[d], budget, context, per_gpu[d], state_bytes)
         for d in KV_DTYPES
@@ -296,17 +303,18 @@ def _assumptions(inputs: PlanInputs, cfg: ModelConfig, model: ResolvedModel, tp:
         "(replicated) and GQA k/v (ceil(kv_heads/TP) heads per rank)",
         "weights are kept on the GPU in the stated form (as SGLang and vLLM serve them)",
     ]
-    if recurrent_state_bytes(cfg):
+    if recurrent_state_bytes(cfg, tp):
         notes.append(
             "hybrid: KV pages for the full-attention layers only; each request also holds a "
-            f"fixed recurrent state of {recurrent_state_bytes(cfg):,} bytes (float32 delta-rule "
-            "state, BF16 convolution state), counted in concurrent_requests, not in "
-            "capacity_tokens"
+            f"fixed recurrent state of {recurrent_state_bytes(cfg, tp):,} bytes per GPU "
+            "(float32 delta-rule state, BF16 convolution state, its heads split over TP), "
+            "counted in concurrent_requests, not in capacity_tokens"
         )
     if mtp_layers(cfg):
         notes.append(
             f"{mtp_layers(cfg)} next-token-prediction (MTP) layer: weights counted (the checkpoint "
-            "carries it; MTP speculative decoding loads it), KV not (plain decoding skips it)"
+            "carries it; MTP speculative decoding loads it), KV not (plain decoding skips it; "
+            "--speculative mtp adds one layer's KV per MTP layer to every token)"
         )
     if model.preset is not None:
         notes.extend(model.preset.notes)

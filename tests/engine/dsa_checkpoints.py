@@ -11,9 +11,12 @@ broken by torch.topk's order, which two computations need not share.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from engine.devtools.testing.checkpoints import DEEPSEEK_V3, _randomize, save_model
+from engine.devtools.testing.layouts import copy_checkpoint, read_tensors
+from engine.devtools.testing.quantized import as_fp8_block, is_linear_weight
 
 INDEX_TOPK = 8
 
@@ -46,6 +49,34 @@ def build_glm_moe_dsa(directory: Path, seed: int = 0, **overrides) -> Path:
     from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 
     return _build(GlmMoeDsaConfig, GlmMoeDsaForCausalLM, GLM_MOE_DSA, directory, seed, overrides)
+
+
+# What the FP8 releases (DeepSeek-V3.2, GLM-5-FP8) keep of the indexer: wq_b and wk in FP8
+# blocks like the attention's projections, weights_proj in BF16, k_norm as it is.
+_INDEXER_FP8 = (".indexer.wq_b.weight", ".indexer.wk.weight")
+_INDEXER_BF16 = ".indexer.weights_proj.weight"
+
+
+def is_released_fp8_weight(name: str) -> bool:
+    if name.endswith(_INDEXER_BF16):
+        return False
+    return is_linear_weight(name) or name.endswith(_INDEXER_FP8)
+
+
+def as_released_fp8(build, directory: Path, block=(128, 128)) -> tuple[Path, Path]:
+    """A tiny DSA model (`build(folder)`) written as the FP8 releases store it:
+    (the FP8 folder, a sibling reference folder of the same weights dequantized)."""
+    import torch
+
+    reference = directory.with_name(directory.name + ".reference")
+    with tempfile.TemporaryDirectory() as scratch:
+        base = build(Path(scratch) / "base")
+        tensors = read_tensors(base)
+        for name, tensor in tensors.items():
+            if name.endswith(_INDEXER_BF16):
+                tensors[name] = tensor.to(torch.bfloat16)
+        rounded = copy_checkpoint(base, Path(scratch) / "bf16_head_weights", tensors)
+        return as_fp8_block(rounded, directory, reference, block, is_released_fp8_weight)
 
 
 def _build(config_class, model_class, base: dict, directory: Path, seed: int, overrides) -> Path:

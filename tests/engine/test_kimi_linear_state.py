@@ -172,6 +172,9 @@ def test_the_planner_sizes_mla_kv_for_seven_layers_and_a_state_per_request():
     result = plan(ResolvedModel("kimi-linear", cfg, "config.json"))
     assert result["kv_layout"]["layers"] == 7
     assert result["kv_bytes_per_token"] == {"bf16": 7 * 576 * 2, "fp8_e4m3": 7 * 576}
-    assert result["recurrent_state_bytes_per_request"] == per_request
+    # Per GPU: KDA's 32 heads (and their convolution channels) split over the TP ranks.
+    tp = result["tp"]
+    per_gpu = per_request // tp
+    assert result["recurrent_state_bytes_per_request"] == per_gpu
     budget, context = result["kv_budget_bytes_per_gpu"], result["context_tokens"]
-    assert result["concurrent_requests"]["fp8_e4m3"] == budget // (context * 7 * 576 + per_request)
+    assert result["concurrent_requests"]["fp8_e4m3"] == budget // (context * 7 * 576 + per_gpu)

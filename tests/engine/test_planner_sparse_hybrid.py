@@ -80,8 +80,9 @@ def test_glm52_on_8xh200_bf16_against_fp8():
 def test_kimi_linear_48b_keeps_kv_for_its_mla_layers_only():
     r = plan("kimi-linear-48b", PlanInputs(gpu="h200", num_gpus=8))
     assert r["kv_layout"] == {"kind": "mla", "layers": 7, "latent_dim": LATENT}
-    state = kda_state(layers=20, heads=32)
-    assert r["recurrent_state_bytes_per_request"] == state == 43_417_600
+    assert kda_state(layers=20, heads=32) == 43_417_600  # one request's whole state
+    state = kda_state(layers=20, heads=32 // 8)  # KDA's heads split over the 8 ranks
+    assert r["recurrent_state_bytes_per_request"] == state
     for dtype in BYTES:
         per_token = 7 * LATENT * BYTES[dtype]
         assert r["kv_bytes_per_token"][dtype] == per_token
@@ -95,7 +96,7 @@ def test_kimi_k3_layer_plan_and_state():
     r = plan("kimi-k3", PlanInputs(gpu="h200", num_gpus=8))
     assert r["kv_layout"] == {"kind": "mla", "layers": 24, "latent_dim": LATENT}
     assert r["kv_bytes_per_token"] == {"bf16": 24 * LATENT * 2, "fp8_e4m3": 24 * LATENT}
-    assert r["recurrent_state_bytes_per_request"] == kda_state(layers=69, heads=96)
+    assert r["recurrent_state_bytes_per_request"] == kda_state(layers=69, heads=96 // 8)
     assert r["weights"]["format"] == "mxfp4"
     assert 2.7e12 < r["weights"]["params"] < 2.9e12  # the published 2.8T
 

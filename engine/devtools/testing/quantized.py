@@ -17,6 +17,7 @@ engine's vectorized dequantizers they check.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -60,12 +61,19 @@ def fp8_block_reference(weight: torch.Tensor, block: tuple[int, int]):
     return quantized, scale_inv, restored
 
 
-def as_fp8_block(src: Path, dst: Path, ref: Path, block=(128, 128)) -> tuple[Path, Path]:
-    """FP8 block-quantize every projection: (quantized folder, reference folder of dequantized weights)."""
+def as_fp8_block(
+    src: Path,
+    dst: Path,
+    ref: Path,
+    block=(128, 128),
+    quantizes: Callable[[str], bool] = is_linear_weight,
+) -> tuple[Path, Path]:
+    """FP8 block-quantize every projection (the weights `quantizes` names, where a release
+    keeps another set): (quantized folder, reference folder of dequantized weights)."""
     quantized: dict[str, torch.Tensor] = {}
     restored: dict[str, torch.Tensor] = {}
     for name, tensor in read_tensors(src).items():
-        if is_linear_weight(name):
+        if quantizes(name):
             q, scale_inv, dequantized = fp8_block_reference(tensor, block)
             quantized[name] = q
             quantized[name + "_scale_inv"] = scale_inv

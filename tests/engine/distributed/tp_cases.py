@@ -32,4 +32,5 @@ def run_case(model_dir: str, kv: str, expert_parallel: bool, tp: int) -> dict:
             "warm": warm.outputs[0],
             "warm_cached": warm.num_cached_tokens,
             "methods": llm.stats().get("linear_methods"),
+            "state_bytes": llm.stats().get("recurrent_state_bytes"),  # hybrid models
         }
