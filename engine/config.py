@@ -28,7 +28,7 @@ AttentionBackendName = Literal[BACKEND_NAMES]
 KVRotationName = Literal["auto", "none", "hadamard"]
 CPUKernelName = Literal["auto", "int8", "bf16"]
 CPUWeightsName = Literal["checkpoint", "q8_0", "q4_0"]
-SpeculativeName = Literal["none", "prompt_lookup"]
+SpeculativeName = Literal["none", "prompt_lookup", "mtp"]
 # Default KV budget on CPU when none is given; GPUs size from free memory.
 DEFAULT_CPU_KV_GIB = 1.0
 _BACKENDS_HELP = "; ".join(f"{name}: {text}" for name, text in BACKEND_HELP.items())
@@ -172,8 +172,17 @@ class EngineConfig(BaseModel):
     speculative: SpeculativeName = Field(
         default="none",
         description="Speculative decoding: prompt_lookup (drafts copied from the context, "
-        "verified in one pass; same outputs) or none. A request's `speculative` field "
-        "overrides it.",
+        "verified in one pass; same outputs), mtp (drafts from the checkpoint's "
+        "multi-token-prediction layers: DeepSeek V3/V3.2, Kimi K2.x, GLM-4.5+, GLM-5.x; "
+        "same outputs) or none. A request's `speculative` field overrides it.",
+    )
+    speculative_mtp_tokens: int = Field(
+        default=1,
+        ge=1,
+        le=8,
+        description="With --speculative mtp: tokens each draft holds, the MTP layer chained "
+        "on its own output past the first (the released models have one MTP layer, "
+        "trained for one token).",
     )
     speculative_max_draft: int = Field(
         default=8,

@@ -98,7 +98,10 @@ def assemble_engine(config: EngineConfig) -> EngineParts:
         allocator = PageAllocator(rank.pool.num_pages)
         prefix = open_prefix_tiers(config, rank, allocator, model_dir, device, tensor_parallel)
         speculator = Speculator(
-            config.speculative, config.speculative_max_draft, rank.max_model_len
+            config.speculative,
+            config.speculative_max_draft,
+            rank.max_model_len,
+            proposer=_mtp_proposer(config, rank, allocator),
         )
         recurrent = rank.state_pool is not None
         scheduler = Scheduler(
@@ -136,6 +139,15 @@ def assemble_engine(config: EngineConfig) -> EngineParts:
             prefix.close()
         close_ranks(executor, tensor_parallel, threads_before)
         raise
+
+
+def _mtp_proposer(config: EngineConfig, rank: RankModel, allocator: PageAllocator):
+    """The MTP draft over the model's MTP layers with --speculative mtp, else None."""
+    if config.speculative != "mtp":
+        return None
+    from engine.speculative.mtp_proposer import MTPProposer
+
+    return MTPProposer(rank.runner, allocator, config.speculative_mtp_tokens)
 
 
 def eos_token_ids(model_dir: Path, tokenizer: Any) -> set[int]:

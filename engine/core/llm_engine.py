@@ -99,12 +99,13 @@ class LLMEngine(EngineAttributes):
                     outputs.append(outputs_of.make_output(seq))
                     continue
                 seq.num_computed_tokens += item.num_tokens
-                if item.num_tokens > 1:
-                    scheduler.cache(seq)  # share a prefill with requests arriving meanwhile
+                if item.num_tokens > 1 or item.save_snapshot is not None:
+                    scheduler.cache(seq, item.save_snapshot)  # share a prefill (and state)
                 if index in sampled:
                     token, info = sampled[index]
                     outputs_of.append_token(seq, token, info)
                     outputs.append(outputs_of.make_output(seq))
+            self.speculator.after_step(batch, out.hidden)  # MTP drafts from the new tokens
         self.intake.release_finished(outputs)
         return outputs
 

@@ -9,7 +9,8 @@ each named and kept with its concern, so every rank computes the same step:
 - what the CPU does with BF16 weights (engine/execution/weight_packing.py) and
   which kernels the layers run (engine/execution/layer_kernels.py);
 - the KV pool's size (engine/kv/pool_budget.py), after a hybrid model's
-  recurrent states (one per sequence that may run: engine/kv/state_pool.py);
+  recurrent states (one per sequence that may run: engine/kv/state_pool.py,
+  and the prefix cache's snapshots of them: engine/kv/state_budget.py);
 - the attention backend and CUDA graphs (engine/execution/runner.py).
 
 With more than one rank, the ranks agree before allocating: the facts that
@@ -21,7 +22,7 @@ tables are global (rank 0 schedules pages for all).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -35,9 +36,11 @@ from engine.execution.weight_packing import plan_cpu_weights, prepare_cpu_weight
 from engine.host.memory_advice import return_free_memory
 from engine.kv.dtypes import resolve_kv_dtype
 from engine.kv.pool import PagedKVPool
-from engine.kv.pool_budget import allocate_kv_pool
+from engine.kv.pool_budget import allocate_kv_pool, kv_budget_bytes
+from engine.kv.recurrent_state import RecurrentStateLayout
 from engine.kv.scales import read_scales_file, resolve_rotation
-from engine.kv.sizing import KVLayout
+from engine.kv.sizing import KVLayout, kv_bytes_per_token
+from engine.kv.state_budget import StateBudget, plan_state_budget
 from engine.kv.state_pool import RecurrentStatePool, allocate_state_pool, state_layout_of
 from engine.model_files.model_config import ModelConfig, load_config
 from engine.models.loader import load_model
@@ -59,8 +62,10 @@ class RankModel:
     cpu_kernel: str  # int8 or bf16 when CPU grid weights were packed, else none
     pool: PagedKVPool
     runner: ModelRunner
-    # A hybrid model's per-sequence recurrent states (Kimi Linear's KDA layers), else None.
+    # A hybrid model's per-sequence recurrent states (Kimi Linear's KDA layers), else None,
+    # and the prefix cache's snapshots of them (None without prefix caching or room).
     state_pool: RecurrentStatePool | None = None
+    snapshot_pool: RecurrentStatePool | None = None
 
 
 def resolve_dtype(name: str, config_dtype: str | None, device: torch.device) -> torch.dtype:
@@ -80,18 +85,25 @@ def build_rank_model(config: EngineConfig, model_dir: Path, device: torch.device
     ranks = parallel.tp_size()
     dtype = resolve_dtype(config.dtype, load_config(model_dir).torch_dtype_name, device)
     cpu = plan_cpu_weights(config, device, dtype, ranks)
+    load_mtp = config.speculative == "mtp"
+    if load_mtp and ranks > 1:
+        # The draft runs on rank 0 between steps (engine/speculative/mtp_proposer.py).
+        raise EngineError("--speculative mtp runs on one rank; use --tp 1 or prompt_lookup")
     model, model_config, ckpt_scales = load_model(
         model_dir,
         cpu.load_dtype(dtype),
         device,
         keep_packed=config.quantized_weights == "packed",
         grid_blocks=cpu.grid_blocks,
+        load_mtp=load_mtp,
     )
     kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, dtype)
     max_model_len = _context_length(config, model_config)
     if ranks > 1:
         _agree_across_ranks(config, model_config, dtype, kv_dtype, max_model_len)
     layout = model.kv_layout()
+    if load_mtp:  # the MTP layers' KV: more layers of the same pages (engine/models/mtp.py)
+        layout = model.mtp.grow_kv_layout(layout)
     kv_scales_file = (
         read_scales_file(config.kv_scales_file, layout.kind) if config.kv_scales_file else None
     )
@@ -105,9 +117,9 @@ def build_rank_model(config: EngineConfig, model_dir: Path, device: torch.device
     choose_layer_kernels(model, model_config, cpu, device, config.deterministic)
     return_free_memory()  # the float copies loading, rotating and packing freed
     state_layout = state_layout_of(model)
-    state_bytes = 0
+    states = None
     if state_layout is not None:
-        state_bytes = RecurrentStatePool.bytes_for(state_layout, config.max_num_seqs, dtype)
+        states = _state_budget(config, state_layout, dtype, layout, kv_dtype, max_model_len, device)
     pool = allocate_kv_pool(
         layout,
         kv_dtype,
@@ -120,12 +132,18 @@ def build_rank_model(config: EngineConfig, model_dir: Path, device: torch.device
         rotation=kv_rotation,
         scales_file=kv_scales_file,
         ckpt_scales=ckpt_scales,
-        reserved_bytes=state_bytes,
+        reserved_bytes=states.reserved_bytes if states is not None else 0,
     )
-    state_pool = None
-    if state_layout is not None:
-        state_pool = allocate_state_pool(state_layout, config.max_num_seqs, dtype, device)
-    runner = build_runner(model, pool, config, device, ranks, max_model_len, state_pool)
+    state_pool = snapshot_pool = None
+    if states is not None:
+        state_pool = allocate_state_pool(state_layout, states.running_slots, dtype, device)
+        if states.snapshot_entries:
+            snapshot_pool = allocate_state_pool(
+                state_layout, states.snapshot_entries, dtype, device, "prefix-cache state snapshots"
+            )
+    runner = build_runner(
+        model, pool, config, device, ranks, max_model_len, state_pool, snapshot_pool
+    )
     return RankModel(
         model=model,
         model_config=model_config,
@@ -140,7 +158,37 @@ def build_rank_model(config: EngineConfig, model_dir: Path, device: torch.device
         pool=pool,
         runner=runner,
         state_pool=state_pool,
+        snapshot_pool=snapshot_pool,
     )
+
+
+def _state_budget(
+    config: EngineConfig,
+    state_layout: RecurrentStateLayout,
+    dtype: torch.dtype,
+    layout: KVLayout,
+    kv_dtype: str,
+    max_model_len: int,
+    device: torch.device,
+) -> StateBudget:
+    """A hybrid model's running states and prefix-cache snapshots, out of the KV budget.
+    With tensor parallelism every rank keeps the same snapshot entries (rank 0's
+    scheduler names them in each step, engine/distributed/step.py), each for its own
+    heads: the smallest count any rank has room for."""
+    per_token = kv_bytes_per_token(layout, kv_dtype)
+    budget = kv_budget_bytes(
+        config.kv_memory_gib, device, max_model_len, per_token, DEFAULT_CPU_KV_GIB
+    )
+    page = config.page_size
+    one_sequence = -(-max_model_len // page) * page * per_token
+    states = plan_state_budget(
+        state_layout, dtype, config.max_num_seqs, budget, one_sequence, config.enable_prefix_caching
+    )
+    if parallel.tp_size() > 1:
+        from engine.collectives.agreement import min_over_ranks
+
+        states = replace(states, snapshot_entries=min_over_ranks(states.snapshot_entries))
+    return states
 
 
 def _context_length(config: EngineConfig, model_config: ModelConfig) -> int:

@@ -30,6 +30,9 @@ class StepOutput:
     chunk_logits: dict[int, torch.Tensor]
     # Per scheduled index with a draft: logits of each of its 1 + len(draft) rows.
     verify_logits: dict[int, torch.Tensor] = field(default_factory=dict)
+    # Every row's final hidden state (the lm_head's input), when the runner keeps them
+    # (`keep_hidden`: an MTP draft reads them, engine/speculative/mtp_proposer.py).
+    hidden: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -42,11 +45,14 @@ class ModelRunner:
         device: torch.device,
         verify_as_rows: bool | None = None,
         state_pool: RecurrentStatePool | None = None,
+        snapshot_pool: RecurrentStatePool | None = None,
     ):
         self.model = model
         self.pool = pool
-        # A hybrid model's per-sequence recurrent states (engine/kv/state_pool.py), else None.
+        # A hybrid model's per-sequence recurrent states (engine/kv/state_pool.py), else None,
+        # and the prefix cache's snapshots of them (None without prefix caching).
         self.state_pool = state_pool
+        self.snapshot_pool = snapshot_pool
         self.backend = backend
         self.page_size = page_size
         self.device = device
@@ -62,6 +68,9 @@ class ModelRunner:
         # Plain decode steps on fixed buffers, replayed as CUDA graphs (decode_graphs.py);
         # set by build_runner where they run.
         self.graphs = None
+        # Return each step's hidden states (StepOutput.hidden); decode steps then run
+        # eagerly, as a captured graph returns logits only.
+        self.keep_hidden = False
 
     def _slots(self, pages: list[int], start: int, end: int) -> torch.Tensor:
         """Cache slots of token positions [start, end) of a sequence with these pages."""
@@ -71,7 +80,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSequence], want_chunk_logits: set[int]) -> StepOutput:
-        if self.graphs is not None and self.graphs.takes(batch, want_chunk_logits):
+        if (
+            self.graphs is not None
+            and not self.keep_hidden
+            and self.graphs.takes(batch, want_chunk_logits)
+        ):
             logits = self.graphs.run(batch)
             if logits is not None:
                 return StepOutput(logits, list(range(len(batch))), {})
@@ -118,10 +131,12 @@ class ModelRunner:
         )
         ctx = ForwardContext(pool=self.pool, meta=meta, backend=self.backend)
         if self.state_pool is not None:
-            ctx.states = StepStates.for_batch(self.state_pool, batch)
+            ctx.states = StepStates.for_batch(self.state_pool, batch, self.snapshot_pool)
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos = torch.cat(positions).to(self.device)
         hidden = self.model(ids, pos, ctx)
+        if ctx.states is not None:
+            ctx.states.keep_snapshots()  # the states at the ends of this step's chunks
         # Sampling rows, then verification rows: one product through the LM head.
         all_rows = last_rows + verify_rows
         rows = torch.tensor(all_rows, dtype=torch.long, device=self.device)
@@ -134,7 +149,8 @@ class ModelRunner:
         chunk_logits = {
             index: self.model.compute_logits(hidden[a:b]) for index, (a, b) in chunk_ranges.items()
         }
-        return StepOutput(sample_logits, sample_rows, chunk_logits, verify_logits)
+        kept = hidden if self.keep_hidden else None
+        return StepOutput(sample_logits, sample_rows, chunk_logits, verify_logits, kept)
 
 
 def build_runner(
@@ -145,6 +161,7 @@ def build_runner(
     ranks: int,
     max_model_len: int,
     state_pool: RecurrentStatePool | None = None,
+    snapshot_pool: RecurrentStatePool | None = None,
 ) -> ModelRunner:
     """The runner over `config`'s attention backend, with CUDA graphs where they run."""
     runner = ModelRunner(
@@ -154,6 +171,7 @@ def build_runner(
         config.page_size,
         device,
         state_pool=state_pool,
+        snapshot_pool=snapshot_pool,
     )
     if not config.fp8_decode_dots and hasattr(runner.backend, "fp8_dot"):
         runner.backend.fp8_dot = False  # the Triton backend's default takes them where it can

@@ -10,9 +10,8 @@ layer before them in the same step, as transformers passes `prev_topk_indices`
 down the layers. The cache keeps each full layer's indexer keys beside the
 latent (engine/kv/dsa_pool.py).
 
-Left for later: the MTP layer (`num_nextn_predict_layers`, checkpoint layer
-`num_hidden_layers`) is skipped at load (engine/weights/names.py), not yet a
-speculative draft; whole decode steps in one C call (FusedMLADecode) do not
+The MTP layer (`num_nextn_predict_layers`, checkpoint layer `num_hidden_layers`)
+drafts with `--speculative mtp` (engine/models/mtp.py) and is skipped otherwise; whole decode steps in one C call (FusedMLADecode) do not
 run the indexer, so these models decode layer by layer (the per-layer C MLA
 decode kernel still serves decode steps, over the selected positions); CUDA
 graphs are off for them (`supports_decode_graphs`), as a captured step would

@@ -9,7 +9,8 @@ Note GLM-4 dense rotates interleaved pairs instead; the MoE models do not.
 Feed-forward: dense below `first_k_dense_replace`, then sigmoid-routed MoE
 with a shared expert (engine.models.moe_mlp). The multi-token-prediction
 layer the checkpoints carry (`num_nextn_predict_layers`) is skipped by the
-loader.
+loader, or loaded as the speculative draft with --speculative mtp
+(engine/models/mtp.py).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from engine.model_files.gguf_plan import GGUF_WEIGHTS
 from engine.model_files.kimi_k3 import refuse_unrun_parts
 from engine.model_files.model_config import ModelConfig, load_config
 from engine.models import model_class
+from engine.models.mtp import build_mtp_draft
 from engine.weights.formats import weight_decoder
 from engine.weights.lazy import LazyTensor, materialize
 from engine.weights.meta_init import materialize_parameters, parameters_on_meta
@@ -147,13 +148,16 @@ def load_model(
     device: torch.device,
     keep_packed: bool = True,
     grid_blocks: bool = False,
+    load_mtp: bool = False,
 ) -> tuple[torch.nn.Module, ModelConfig, tuple[torch.Tensor, torch.Tensor] | None]:
     """Build the engine's model for a folder and fill its weights.
 
     `keep_packed`: layers whose checkpoint weights are FP8 block-scaled or INT4
     keep that form (engine/layers/packed_plan.py); False dequantizes them all.
     `grid_blocks`: a GGUF file's Q4_0/Q4_1/Q8_0 layers keep their blocks for the
-    CPU grid kernel (the caller decides that kernel runs: one rank, CPU, VNNI)."""
+    CPU grid kernel (the caller decides that kernel runs: one rank, CPU, VNNI).
+    `load_mtp`: build and fill the checkpoint's MTP layers as `model.mtp`, the
+    speculative draft (engine/models/mtp.py), instead of skipping them."""
     model_dir = Path(model_dir)
     cfg = load_config(model_dir)
     # Before any weight is read: a Kimi K3 config names the parts it needs beyond Kimi Linear.
@@ -161,10 +165,12 @@ def load_model(
     cls = model_class(cfg.architecture)
     gguf_file = gguf_weights_file(model_dir)
     if gguf_file is not None:
+        if load_mtp:
+            raise EngineError("MTP speculative decoding reads safetensors checkpoints, not GGUF")
         return _load_gguf_model(cls, cfg, gguf_file, dtype, device, grid_blocks)
     files = checkpoint_files(model_dir)
-    model = _model_on_meta(cls, cfg, dtype)
-    names = CheckpointNames(cfg)
+    model = _model_on_meta(cls, cfg, dtype, load_mtp)
+    names = CheckpointNames(cfg, load_mtp)
 
     def wanted(name: str) -> str | None:
         # Decided from the name: what this rank does not hold is never read.
@@ -186,7 +192,18 @@ def load_model(
             yield name, tensor
         names.log_skipped()
 
-    model.load_weights(weights())
+    try:
+        model.load_weights(weights())
+    except CheckpointError:
+        if load_mtp and not names.mtp_tensors:
+            # transformers writes num_nextn_predict_layers=1 into configs it saves
+            # without MTP tensors (DeepseekV3Config's default): say what is missing.
+            raise CheckpointError(
+                f"{model_dir} has no MTP layer tensors (model.layers.{cfg.num_layers}.*) "
+                "although its config counts num_nextn_predict_layers; MTP speculative "
+                "decoding needs them: use --speculative prompt_lookup or none"
+            ) from None
+        raise
     model.to(device=device)
     if device.type == "cuda":
         _use_fused_moe(model)
@@ -196,10 +213,14 @@ def load_model(
     return model, cfg, scales
 
 
-def _model_on_meta(cls, cfg: ModelConfig, dtype: torch.dtype) -> torch.nn.Module:
+def _model_on_meta(
+    cls, cfg: ModelConfig, dtype: torch.dtype, load_mtp: bool = False
+) -> torch.nn.Module:
     try:
         with parameters_on_meta():
             model = cls(cfg)
+            if load_mtp:
+                model.mtp = build_mtp_draft(model, cfg)
     except ValueError as err:  # a dimension that does not split over the ranks
         raise EngineError(
             f"{cfg.architecture} cannot be split over {parallel.tp_size()} tensor-parallel "

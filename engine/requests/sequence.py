@@ -37,6 +37,10 @@ class Sequence:
     pages: list[int] = field(default_factory=list)
     # Hybrid models: the recurrent-state slot it holds while running (engine/kv/state_slots.py).
     state_slot: int | None = None
+    # Hybrid models: a page boundary past the cached prefix it reused where the prefix
+    # cache holds its pages but no state; its prefill stops there once so the state
+    # can be kept (engine/core/snapshot_points.py). 0: none.
+    state_cut: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -87,6 +91,11 @@ class ScheduledSequence:
     # Speculative decoding: tokens drafted after the pending last token. The step then
     # runs [last token, *draft] (num_tokens = 1 + len(draft)) and verifies every row.
     draft: list[int] = field(default_factory=list)
+    # Hybrid models (engine/kv/state_pool.py): the prefix-cache snapshot entry to start
+    # from (the first step after a cache hit), and the one to keep the state in after
+    # this chunk (it ends on a page boundary worth keeping).
+    load_snapshot: int | None = None
+    save_snapshot: int | None = None
 
     @property
     def reaches_end(self) -> bool:

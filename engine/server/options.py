@@ -46,6 +46,7 @@ SERVE_SETTINGS: tuple[str, ...] = (
     "kv_host_gib",
     "kv_events",
     "speculative",
+    "speculative_mtp_tokens",
     "stream_interval_ms",
     "tensor_parallel_size",
     "expert_parallel",

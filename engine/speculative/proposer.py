@@ -5,7 +5,9 @@ copies from the context (prompt lookup), runs a small draft model, or runs a
 model's own multi-token-prediction layers (GLM-4.5+, DeepSeek-V3/Kimi). The
 two hooks after a verification exist for the stateful ones: a draft model
 keeps KV for its guesses and must drop the rejected tail, as the engine does
-for the target's pages.
+for the target's pages. A proposer may also have `after_step(items, hidden)`,
+called with the target's hidden states once a step's tokens are appended
+(the MTP draft's input: engine/speculative/mtp_proposer.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ frequency or repetition penalties (each row's penalties depend on the drafted
 tokens before it). Constrained decoding speculates (the agent's local requests
 always carry a tool-call grammar): a draft is cut to what the grammar allows,
 and each verification row gets the mask the grammar gives after the draft
-tokens before it (engine/grammar/masks.py `apply_draft_masks`). Stop strings,
+tokens before it (engine/grammar/masks.py `apply_draft_masks`). Who drafts: prompt lookup, or with --speculative mtp the checkpoint's MTP
+layers (engine/speculative/mtp_proposer.py), which draft from the target's
+hidden states in `after_step`, once each step's tokens are appended. Stop strings,
 stop tokens, EOS, max_tokens and logprobs need no exclusion: the engine
 appends verified tokens one at a time through the same checks as a plain
 decode step and stops where those stop.
@@ -17,24 +19,33 @@ decode step and stops where those stop.
 
 from __future__ import annotations
 
-from engine.requests.sequence import Sequence
+from typing import TYPE_CHECKING
+
+from engine.requests.sequence import ScheduledSequence, Sequence
 from engine.speculative.adaptive import AdaptiveK
 from engine.speculative.prompt_lookup import PromptLookupProposer
 from engine.speculative.proposer import Proposer
 
-METHODS = ("none", "prompt_lookup")
+if TYPE_CHECKING:
+    import torch
+
+METHODS = ("none", "prompt_lookup", "mtp")
 
 
 def make_proposer(method: str) -> Proposer:
     if method in ("none", "prompt_lookup"):
         # "none" only changes the default: a request may still ask for prompt lookup.
         return PromptLookupProposer()
+    if method == "mtp":  # it needs the model and its pool: engine/core/engine_parts.py
+        raise ValueError("the mtp proposer is built with the model (MTPProposer)")
     raise ValueError(f"speculative method {method!r}: use one of {METHODS}")
 
 
 class Speculator:
-    def __init__(self, method: str, max_draft: int, max_model_len: int):
-        self.proposer = make_proposer(method)
+    def __init__(
+        self, method: str, max_draft: int, max_model_len: int, proposer: Proposer | None = None
+    ):
+        self.proposer = proposer if proposer is not None else make_proposer(method)
         self.default_on = method != "none"
         self.max_draft = max_draft
         self.max_model_len = max_model_len
@@ -81,6 +92,21 @@ class Speculator:
         self.accepted += accepted
         seq.draft_state["k"].update(drafted, accepted)
         self.proposer.verified(seq, drafted, accepted)
+
+    def after_step(self, batch: list[ScheduledSequence], hidden: torch.Tensor | None) -> None:
+        """After a step's tokens are appended: a proposer that drafts from the target's
+        hidden states (MTP) takes those of the speculating sequences still running, each
+        with its first row in `hidden`."""
+        hook = getattr(self.proposer, "after_step", None)
+        if hook is None or hidden is None:
+            return
+        items, offset = [], 0
+        for item in batch:
+            if not item.seq.is_finished and self.wants(item.seq):
+                items.append((item, offset))
+            offset += item.num_tokens
+        if items:
+            hook(items, hidden)
 
     def release(self, seq: Sequence) -> None:
         self.proposer.release(seq)

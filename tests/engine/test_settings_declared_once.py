@@ -91,6 +91,7 @@ def test_serve_keeps_its_flags():
         "--stream-interval-ms",  # streamed tokens paced (#25)
         "--cpu-weights",  # dense weights quantized at load (#37)
         "--kv-events",  # KV events for cache-aware routers (#40)
+        "--speculative-mtp-tokens",  # MTP draft length (#41)
     }
 
 
