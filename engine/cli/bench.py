@@ -175,7 +175,9 @@ def _names(value: str, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
 @bench_app.command("families")
 def bench_families(
     families: str = typer.Option(
-        "llama,glm4_moe,kimi_k2", help="Families to measure (their realistic 1-2B shapes)."
+        "llama,glm4_moe,kimi_k2",
+        help="Families to measure (their realistic 1-2B shapes): llama, glm4_moe, kimi_k2, "
+        "glm5, kimi_linear.",
     ),
     layers: int = typer.Option(None, min=1, help="Cut each model to N layers (quick runs)."),
     rounds: int = typer.Option(3, min=1, help="Interleaved rounds; the best of each counts."),
@@ -190,7 +192,12 @@ def bench_families(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     figures: str = typer.Option(
-        "one_stream,batch16,prefill,long_context,load", help="Which figures to measure."
+        "one_stream,batch16,prefill,long_context,load",
+        help="Which figures to measure; also long_decode: Resident's decode after each of "
+        "--contexts, the families side by side (try glm5,kimi_linear,kimi_k2).",
+    ),
+    contexts: str = typer.Option(
+        "8192,16384,32768", help="The long_decode figure's context lengths, in tokens."
     ),
     resident_source: str = typer.Option(
         "auto",
@@ -204,7 +211,8 @@ def bench_families(
         "(llama-quantize's mix, what CPU users download).",
     ),
 ) -> None:
-    """Resident against llama.cpp on random-weight Llama, GLM-MoE and Kimi models of 1-2B."""
+    """Resident against llama.cpp on random-weight Llama, GLM-MoE, Kimi K2, GLM-5 and Kimi
+    Linear models of 1-2B."""
     from pathlib import Path
 
     from engine.devtools.benchmarks.families import (
@@ -215,8 +223,14 @@ def bench_families(
     )
     from engine.devtools.benchmarks.family_files import FAMILIES, QUANTS
     from engine.devtools.benchmarks.family_runs import FIGURES
+    from engine.devtools.benchmarks.long_decode import FIGURE as LONG_DECODE
+    from engine.devtools.benchmarks.long_decode import table_lines
 
     chosen_families = _names(families, "--families", FAMILIES)
+    try:
+        chosen_contexts = tuple(int(part) for part in contexts.split(",") if part.strip())
+    except ValueError:
+        fail(f"--contexts: give token counts separated by commas, not {contexts!r}", 2)
     chosen_figures = _names(figures, "--figures", FIGURES)
     _names(resident_source, "--resident-source", RESIDENT_SOURCES)
     _names(quant, "--quant", QUANTS)
@@ -240,9 +254,12 @@ def bench_families(
             threads=threads,
             on_family=show,
             quant=quant,
+            contexts=chosen_contexts,
         )
     if as_json:
         typer.echo(json.dumps(result, indent=2))
+    elif LONG_DECODE in result:
+        typer.echo("\n".join(table_lines(result[LONG_DECODE])))
 
 
 @bench_app.command("routing")

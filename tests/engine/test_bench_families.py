@@ -239,3 +239,117 @@ def test_the_last_level_cache_is_read_from_sysfs(tmp_path):
         (folder / "size").write_text(f"{size}\n")
     assert last_level_cache_bytes(tmp_path) == 491520 * 1024
     assert last_level_cache_bytes(tmp_path / "absent") is None
+
+
+# issue 41's families at a few MiB (the realistic sizes take minutes to write): the same
+# config classes and layer plans, narrower, so a run of the worker stays quick.
+_NARROW = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    moe_intermediate_size=128,
+    num_experts_per_tok=2,
+    vocab_size=1024,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    kv_lora_rank=64,
+    qk_rope_head_dim=32,
+    qk_nope_head_dim=32,
+    v_head_dim=32,
+)
+_NARROW_BY_FAMILY = {
+    "glm5": dict(q_lora_rank=128, n_routed_experts=8, index_n_heads=2, index_head_dim=64),
+    "kimi_linear": dict(num_local_experts=8, linear_num_heads=4, linear_head_dim=64),
+}
+
+
+def _narrow_families(monkeypatch, index_topk: int) -> None:
+    from engine.devtools.testing import realistic_checkpoints
+
+    for family, own in _NARROW_BY_FAMILY.items():
+        config_class, model_class, fields = realistic_checkpoints.SHAPES[family]
+        fields = {**fields, **_NARROW, **own}
+        if family == "glm5":
+            fields["index_topk"] = index_topk
+        monkeypatch.setitem(
+            realistic_checkpoints.SHAPES, family, (config_class, model_class, fields)
+        )
+
+
+def test_the_new_families_have_realistic_sizes_and_layer_plans():
+    from engine.devtools.testing.realistic_checkpoints import parameter_shapes, realistic_config
+
+    for family in ("glm5", "kimi_linear"):
+        params = sum(torch.Size(shape).numel() for shape in parameter_shapes(family).values())
+        assert 1.5e9 < params < 2.0e9, (family, params)
+    glm5 = realistic_config("glm5")
+    assert (glm5["index_n_heads"], glm5["index_head_dim"], glm5["index_topk"]) == (8, 128, 2048)
+    assert [i for i, kind in enumerate(glm5["indexer_types"]) if kind == "full"] == [0, 1, 2, 6, 10]
+    plan = realistic_config("kimi_linear")["layer_types"]
+    assert [i + 1 for i, kind in enumerate(plan) if kind == "full_attention"] == [4, 8, 12, 14]
+
+
+def test_long_decode_puts_the_families_side_by_side():
+    from engine.devtools.benchmarks.long_decode import compare, table_lines
+
+    def family(rates: dict, per_token: int, state: int = 0) -> dict:
+        by_context = {str(c): {"tok_s": r, "samples": [r]} for c, r in rates.items()}
+        resident = {"long_decode": {"new": 64, "by_context": by_context}}
+        resident["kv_bytes_per_token"] = per_token
+        if state:
+            resident["recurrent_state_bytes_per_sequence"] = state
+        return {"resident": resident}
+
+    result = {
+        "sizes": {"long_decode": {"contexts": [8192, 16384], "new": 64}},
+        "families": {
+            "kimi_k2": family({8192: 10.0, 16384: 5.0}, 8064),
+            "glm5": family({8192: 12.0, 16384: 10.0}, 9344),
+            "kimi_linear": family({8192: 20.0, 16384: 19.0}, 2304, state=10_000_000),
+        },
+    }
+    compared = compare(result)
+    assert compared["contexts"] == [8192, 16384] and compared["baseline"] == "kimi_k2"
+    row = compared["families"]["glm5"]["by_context"]["16384"]
+    assert row["tok_s_over_kimi_k2"] == 2.0
+    assert row["sequence_bytes"] == 16384 * 9344
+    linear = compared["families"]["kimi_linear"]["by_context"]["8192"]
+    assert linear["sequence_bytes"] == 8192 * 2304 + 10_000_000
+    assert linear["sequence_bytes_over_kimi_k2"] == round(linear["sequence_bytes"] / 8192 / 8064, 3)
+    table = "\n".join(table_lines(compared))
+    assert "kimi_linear: 2304 KV bytes per token, 9.5 MiB recurrent state per sequence" in table
+
+
+def test_long_decode_refuses_contexts_past_the_models_limit(tmp_path):
+    args = ["bench", "families", "--families", "glm5", "--figures", "long_decode"]
+    args += ["--contexts", "65536", "--workdir", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "max_position_embeddings of 65536" in result.output
+
+
+def test_glm5_and_kimi_linear_run_resident_alone_with_long_decode(tmp_path, monkeypatch):
+    """Both new families written, converted for llama.cpp in the released spelling, and
+    measured by Resident from their folders; glm5's top-k below the longer context, so
+    that decode reads selected positions."""
+    monkeypatch.delenv("RESIDENT_LLAMA_CPP", raising=False)
+    _narrow_families(monkeypatch, index_topk=16)
+    args = ["bench", "families", "--families", "glm5,kimi_linear", "--layers", "2"]
+    args += ["--rounds", "1", "--figures", "long_decode", "--contexts", "8,40", "--threads", "1"]
+    args += ["--workdir", str(tmp_path), "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    measured = json.loads(result.output)
+    assert measured["sizes"]["long_decode"] == {"contexts": [8, 40], "new": 64}
+    compared = measured["long_decode"]
+    assert compared["contexts"] == [8, 40] and set(compared["families"]) == {"glm5", "kimi_linear"}
+    for name, family in measured["families"].items():
+        resident = family["resident"]
+        assert resident["source"] == "folder"
+        assert set(resident["long_decode"]["by_context"]) == {"8", "40"}
+        assert all(row["tok_s"] > 0 for row in resident["long_decode"]["by_context"].values())
+        assert family["llama_cpp"]["measured"] is False, name
+    linear = measured["families"]["kimi_linear"]["resident"]
+    # One KDA layer of 4 heads of 64x64 float32, and its convolution's last 3 inputs.
+    assert linear["recurrent_state_bytes_per_sequence"] >= 4 * 64 * 64 * 4
+    released = json.loads((tmp_path / "kimi_linear-2-layers" / "hf" / "config.json").read_text())
+    assert released["linear_attn_config"]["kda_layers"] == [1]
+    assert released["linear_attn_config"]["full_attn_layers"] == [2]

@@ -14,7 +14,9 @@ families_resident.py and families_llama_cpp.py):
 - long_context: decode tokens/s after an 8,192-token prompt, Resident's FP8
   KV against llama.cpp's q8_0 K and V;
 - load: a fresh server process to its first token, and its peak RSS then,
-  also as a multiple of the GGUF file's size.
+  also as a multiple of the GGUF file's size;
+- long_decode (only when asked for): Resident alone, decode after 8k, 16k and
+  32k tokens (`contexts`), the families side by side (long_decode.py).
 Each engine runs in processes of its own on the same thread count; EOS is
 ignored. Rounds interleave the engines (for each figure, Resident then
 llama.cpp), so a machine that drifts slows both alike; the best of the
@@ -26,8 +28,11 @@ token (decode_bytes.py: the active weights at the size each engine holds them)
 and as the share of this machine's copy bandwidth each engine reaches.
 
 Without llama.cpp (neither `--llama-cpp` nor RESIDENT_LLAMA_CPP, or no
-converter or binaries there) Resident is measured alone and the result says
-why the peer was not.
+converter or binaries there, or a conversion that fails) Resident is measured
+alone and the result says why the peer was not. Resident reads the checkpoint
+folder of a family whose GGUF architecture it does not read (glm5's glm-dsa,
+kimi_linear's kimi-linear): its Q4_1-grid weights are packed at load, the
+values llama.cpp's Q4_1 file holds.
 """
 
 from __future__ import annotations
@@ -53,7 +58,16 @@ from engine.devtools.benchmarks.family_files import (
     locate_llama_cpp,
     prepare_family,
 )
-from engine.devtools.benchmarks.family_runs import FIGURES, SIZES
+from engine.devtools.benchmarks.family_runs import (
+    DEFAULT_FIGURES,
+    FIGURES_WITHOUT_PEER,
+    SIZES,
+)
+from engine.devtools.benchmarks.long_decode import DEFAULT_CONTEXTS
+from engine.devtools.benchmarks.long_decode import FIGURE as LONG_DECODE_FIGURE
+from engine.devtools.benchmarks.long_decode import best as long_decode_best
+from engine.devtools.benchmarks.long_decode import family_lines as long_decode_rows
+from engine.devtools.benchmarks.long_decode import table_lines as long_decode_table
 
 # What Resident loads: "auto" is llama.cpp's GGUF file when there is one (both engines
 # then read the same file), the checkpoint folder otherwise.
@@ -65,6 +79,8 @@ def _best(figure: str, samples: list[dict]) -> dict:
     """The best of a figure's rounds (module docstring), with every round's samples."""
     if not samples:
         return {}
+    if figure == LONG_DECODE_FIGURE:
+        return long_decode_best(samples)
     if figure == "batch16":
         first = min(s["first_s"] for s in samples)
         whole = min(s["whole_s"] for s in samples)
@@ -127,6 +143,8 @@ def _measure(sides: list, figures: tuple[str, ...], rounds: int) -> tuple[dict, 
             for side in sides:
                 if figure in errors[side.name]:
                     continue
+                if figure in FIGURES_WITHOUT_PEER and not isinstance(side, ResidentSide):
+                    continue
                 try:
                     samples[side.name][figure].append(side.measure(figure, round_index))
                 except (RuntimeError, OSError, ValueError, httpx.HTTPError) as err:
@@ -136,18 +154,31 @@ def _measure(sides: list, figures: tuple[str, ...], rounds: int) -> tuple[dict, 
     return samples, errors
 
 
-def _family(
-    files: FamilyFiles, figures, rounds, source, threads, llama_cpp, peer_reason, bandwidth
-):
-    described = files.describe()
+def _resident_source(files: FamilyFiles, source: str) -> str:
     if source == "gguf" and files.gguf is None:
         raise ValueError(f"--resident-source gguf needs llama.cpp's GGUF: {files.why_no_gguf}")
+    if source == "gguf" and not files.resident_reads_gguf:
+        raise ValueError(f"--resident-source gguf: Resident does not read {files.family}'s GGUF")
     if source == "auto":
-        source = "gguf" if files.gguf is not None else "folder"
-    config = files.config
-    top_k, routed = config.get("num_experts_per_tok") or 0, config.get("n_routed_experts") or 0
+        return "gguf" if files.gguf is not None and files.resident_reads_gguf else "folder"
+    return source
+
+
+def _family(
+    files: FamilyFiles,
+    figures,
+    rounds,
+    source,
+    threads,
+    llama_cpp,
+    peer_reason,
+    bandwidth,
+    contexts,
+):
+    described = files.describe()
+    source = _resident_source(files, source)
     model = str(files.gguf if source == "gguf" else files.folder)
-    sides: list = [ResidentSide(model, threads, top_k, routed)]
+    sides: list = [ResidentSide(model, threads, *files.routing(), contexts=contexts)]
     peer: dict = {"measured": False, "reason": peer_reason or files.why_no_gguf}
     if files.gguf is not None and peer_reason is None:
         try:
@@ -188,14 +219,16 @@ def run_families(
     rounds: int = 3,
     llama_cpp_dir: str | None = None,
     workdir: Path | None = None,
-    figures: tuple[str, ...] = FIGURES,
+    figures: tuple[str, ...] = DEFAULT_FIGURES,
     resident_source: str = "auto",
     threads: int = 2,
     on_family=None,
     quant: str = QUANT,
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS,
 ) -> dict:
     """Both engines on each family; `on_family(result, family)` is called as each family
     finishes (a long run shows what it measured before it ends)."""
+    from engine.devtools.benchmarks import long_decode
     from engine.devtools.benchmarks.serving_paths import machine
 
     if quant not in QUANTS:
@@ -204,6 +237,8 @@ def run_families(
         raise ValueError(
             f"resident source {resident_source!r}: choose one of {', '.join(RESIDENT_SOURCES)}"
         )
+    if LONG_DECODE_FIGURE in figures:
+        long_decode.check_contexts(families, layers, contexts)
     workdir = Path(workdir) if workdir is not None else default_workdir()
     llama_cpp, why_not = locate_llama_cpp(llama_cpp_dir)
     peer_reason = why_not
@@ -214,7 +249,10 @@ def run_families(
     result = {
         "benchmark": "families",
         "figures": list(figures),
-        "sizes": {figure: SIZES[figure] for figure in figures},
+        "sizes": {
+            figure: long_decode.sizes(contexts) if figure == LONG_DECODE_FIGURE else SIZES[figure]
+            for figure in figures
+        },
         "rounds": rounds,
         "threads": threads,
         "layers": layers,
@@ -233,8 +271,18 @@ def run_families(
     for family in families:
         files = prepare_family(family, layers, workdir, llama_cpp, why_not, threads, quant)
         result["families"][family] = _family(
-            files, figures, rounds, resident_source, threads, llama_cpp, peer_reason, bandwidth
+            files,
+            figures,
+            rounds,
+            resident_source,
+            threads,
+            llama_cpp,
+            peer_reason,
+            bandwidth,
+            contexts,
         )
+        if LONG_DECODE_FIGURE in figures:
+            result[LONG_DECODE_FIGURE] = long_decode.compare(result)
         if on_family is not None:
             on_family(result, family)
     return result
@@ -312,7 +360,7 @@ def family_block(result: dict, family: str) -> list[str]:
     """One family's table lines (after a blank line)."""
     measured = result["families"][family]
     llc = result["machine"].get("last_level_cache_bytes")
-    lines = ["", *_family_lines(family, measured)]
+    lines = ["", *_family_lines(family, measured), *long_decode_rows(measured)]
     read = measured["resident"].get("decode_bytes")
     if llc and read and read < llc:
         lines.append(
@@ -326,4 +374,6 @@ def format_table(result: dict) -> str:
     lines = header_lines(result)
     for family in result["families"]:
         lines += family_block(result, family)
+    if LONG_DECODE_FIGURE in result:
+        lines += long_decode_table(result[LONG_DECODE_FIGURE])
     return "\n".join(lines)

@@ -15,6 +15,12 @@ line on stdout. It stays up between rounds, idle while llama.cpp runs.
   times, the decode of `sequences x new` tokens with every prompt's prefill
   and per-request costs cancelled (as for llama-server's side).
 - prefill: `LLM.generate` of one token after `prompt` tokens, timed whole.
+- long_decode: one_stream's timing after a prompt of each of the asked
+  contexts in turn (long_decode.py), one prefill per context.
+
+The worker's first line gives facts about its engine, among them what one
+sequence holds: KV bytes per token and, for a hybrid model, its recurrent
+state's bytes.
 
 The load figure is not the worker's: `resident serve` is started afresh per
 round and timed to its first token (family_runs.time_to_first_token), with a
@@ -37,6 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.devtools.benchmarks.family_runs import SIZES, prompt_ids, time_to_first_token
+from engine.devtools.benchmarks.long_decode import DEFAULT_CONTEXTS, NEW_TOKENS
+from engine.devtools.benchmarks.long_decode import FIGURE as LONG_DECODE
 from engine.devtools.benchmarks.measured_process import Running
 
 if TYPE_CHECKING:
@@ -76,12 +84,28 @@ def _generate_s(llm, prompts: list[list[int]], tokens: int) -> float:
     return elapsed
 
 
+def _sequence_bytes(engine: LLMEngine) -> dict:
+    """What one sequence holds: KV per token, and a hybrid model's fixed state."""
+    facts = {"kv_bytes_per_token": engine.stats()["kv_bytes_per_token"]}
+    states = engine.parts.rank.state_pool
+    if states is not None:
+        per_sequence = states.layout.bytes_per_sequence(states.conv_dtype.itemsize)
+        facts["recurrent_state_bytes_per_sequence"] = per_sequence
+    return facts
+
+
 def _figure(llm, ask: dict) -> dict:
     figure, seed = ask["figure"], ask["seed"]
-    size = SIZES[figure]
+    size = SIZES.get(figure, {})
     if figure in ("one_stream", "long_context"):
         prompt = prompt_ids(size["prompt"], seed)
         return {"tok_s": _decode_rate(llm.engine, prompt, size["new"])}
+    if figure == LONG_DECODE:
+        rates = {
+            str(context): _decode_rate(llm.engine, prompt_ids(context, seed), NEW_TOKENS)
+            for context in ask["contexts"]
+        }
+        return {"tok_s": rates, "new": NEW_TOKENS}
     if figure == "prefill":
         return {"tok_s": size["prompt"] / _generate_s(llm, [prompt_ids(size["prompt"], seed)], 1)}
     if figure == "batch16":
@@ -111,6 +135,7 @@ def worker(model: str, threads: int, top_k: int, n_routed: int) -> None:
             "kv_cache_dtype": llm.config.kv_cache_dtype,
             "cpu_kernel": engine.cpu_kernel,
             "linear_methods": engine.linear_methods,
+            **_sequence_bytes(engine),
         }
     )
     for line in sys.stdin:
@@ -123,8 +148,15 @@ class ResidentSide:
 
     name = "resident"
 
-    def __init__(self, model: str, threads: int, top_k: int, n_routed: int):
-        self.model, self.threads = model, threads
+    def __init__(
+        self,
+        model: str,
+        threads: int,
+        top_k: int,
+        n_routed: int,
+        contexts: tuple[int, ...] = DEFAULT_CONTEXTS,
+    ):
+        self.model, self.threads, self.contexts = model, threads, list(contexts)
         self.top_k, self.n_routed = top_k, n_routed
         self.env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         self.worker: Running | None = None
@@ -152,7 +184,8 @@ class ResidentSide:
             self.worker = Running(command, self.env, pipes=True)
             self.facts = self._read()
         assert self.worker.process.stdin is not None
-        self.worker.process.stdin.write(json.dumps({"figure": figure, "seed": seed}) + "\n")
+        ask = {"figure": figure, "seed": seed, "contexts": self.contexts}
+        self.worker.process.stdin.write(json.dumps(ask) + "\n")
         self.worker.process.stdin.flush()
         return self._read()
 

@@ -35,6 +35,7 @@ from engine.devtools.testing.realistic_checkpoints import (
     write_realistic_checkpoint,
 )
 from engine.devtools.testing.tokenizers import save_bpe_tokenizer, save_glm_tokenizer
+from engine.model_files.config_aliases import normalise_keys
 
 FAMILIES = tuple(SHAPES)
 LLAMA_CPP_ENV = "RESIDENT_LLAMA_CPP"
@@ -58,11 +59,21 @@ _TOKENIZERS = {
     "llama": (save_bpe_tokenizer, "gpt-2"),
     "glm4_moe": (save_glm_tokenizer, "glm4"),
     "kimi_k2": (save_bpe_tokenizer, "gpt-2"),
+    "glm5": (save_glm_tokenizer, "glm4"),  # GlmMoeDsaModel reads GLM's vocabulary as GLM-4's
+    "kimi_linear": (save_bpe_tokenizer, "gpt-2"),  # its converter tries a GPT-2 BPE first
 }
-# Kimi K2's own config.json says how it routes; transformers' config class drops the
-# fields, and llama.cpp's converter reads scoring_func (softmax gating without it).
-_CONFIG_EXTRAS = {"kimi_k2": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}}
+# Kimi K2's and GLM-5's own config.json say how they route; transformers' config classes
+# drop the fields, and llama.cpp's converter reads scoring_func (softmax gating without it).
+_SIGMOID_ROUTING = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+_CONFIG_EXTRAS = {
+    "kimi_k2": _SIGMOID_ROUTING,
+    "glm5": _SIGMOID_ROUTING,
+    "kimi_linear": {"moe_router_activation_func": "sigmoid"},
+}
 _CONVERT_TIMEOUT_S = 3 * 3600
+# llama.cpp converts these families, to GGUF architectures Resident's GGUF reader does not
+# take (glm-dsa, kimi-linear): Resident reads their checkpoint folder instead.
+_GGUF_NOT_READ_BY_RESIDENT = ("glm5", "kimi_linear")
 
 
 def default_workdir() -> Path:
@@ -121,14 +132,25 @@ class FamilyFiles:
     gguf: Path | None = None
     why_no_gguf: str | None = None
 
+    @property
+    def resident_reads_gguf(self) -> bool:
+        return self.family not in _GGUF_NOT_READ_BY_RESIDENT
+
+    def routing(self) -> tuple[int, int]:
+        """(experts per token, routed experts), whatever the family calls them."""
+        config = normalise_keys(self.config)
+        return config.get("num_experts_per_tok") or 0, config.get("n_routed_experts") or 0
+
+    def max_context(self) -> int:
+        return int(normalise_keys(self.config)["max_position_embeddings"])
+
     def describe(self) -> dict:
         shapes = parameter_shapes(self.family, self.layers)
         counted = [Held(name, _numel(shape), shape[0]) for name, shape in shapes.items()]
-        top_k = self.config.get("num_experts_per_tok") or 0
         described = {
             "layers": self.config["num_hidden_layers"],
             "params": sum(h.nbytes for h in counted),
-            "active_params": decode_bytes(counted, top_k, self.config.get("n_routed_experts") or 0),
+            "active_params": decode_bytes(counted, *self.routing()),
             "checkpoint": str(self.folder),
             "gguf": None,
         }
@@ -164,8 +186,27 @@ def _recipe_matches(path: Path, recipe: dict) -> bool:
         return False
 
 
+def _released_fields(family: str, config: dict) -> dict:
+    """What the family's released config.json says beside transformers' fields. Kimi
+    Linear's release gives its layer plan as 1-based lists in `linear_attn_config`, the
+    only spelling llama.cpp's converter reads (the engine and transformers read both)."""
+    extras = dict(_CONFIG_EXTRAS.get(family, {}))
+    if family == "kimi_linear":
+        plan = config["layer_types"]
+        extras["linear_attn_config"] = {
+            "kda_layers": [i + 1 for i, kind in enumerate(plan) if kind == "linear_attention"],
+            "full_attn_layers": [i + 1 for i, kind in enumerate(plan) if kind == "full_attention"],
+            "head_dim": config["linear_head_dim"],
+            "num_heads": config["linear_num_heads"],
+            "short_conv_kernel_size": config["linear_conv_kernel_dim"],
+        }
+    return extras
+
+
 def _checkpoint(family: str, layers: int | None, home: Path) -> tuple[Path, dict]:
-    config = {**realistic_config(family, layers), **_CONFIG_EXTRAS.get(family, {})}
+    transformers_config = realistic_config(family, layers)
+    extras = _released_fields(family, transformers_config)
+    config = {**transformers_config, **extras}
     saver, _ = _TOKENIZERS[family]
     recipe = {"config": config, "tokenizer": saver.__name__}
     folder = home / "hf"
@@ -175,9 +216,9 @@ def _checkpoint(family: str, layers: int | None, home: Path) -> tuple[Path, dict
     for stale in (partial, folder):
         shutil.rmtree(stale, ignore_errors=True)
     write_realistic_checkpoint(partial, family, layers, tokenizer=saver)
-    if family in _CONFIG_EXTRAS:
+    if extras:
         written = json.loads((partial / "config.json").read_text())
-        (partial / "config.json").write_text(json.dumps({**written, **_CONFIG_EXTRAS[family]}))
+        (partial / "config.json").write_text(json.dumps({**written, **extras}))
     (partial / "recipe.json").write_text(json.dumps(recipe, indent=2))
     partial.rename(folder)
     return folder, recipe

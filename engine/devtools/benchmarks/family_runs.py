@@ -16,15 +16,23 @@ import time
 
 import httpx
 
+from engine.devtools.benchmarks.long_decode import DEFAULT_CONTEXTS
+from engine.devtools.benchmarks.long_decode import FIGURE as LONG_DECODE
+from engine.devtools.benchmarks.long_decode import sizes as long_decode_sizes
 from engine.devtools.benchmarks.measured_process import Running
 
-FIGURES = ("one_stream", "batch16", "prefill", "long_context", "load")
+# What a run measures unless told; long_decode (Resident alone, its prefills take minutes
+# at 32k on a few cores) only when asked for.
+DEFAULT_FIGURES = ("one_stream", "batch16", "prefill", "long_context", "load")
+FIGURES = (*DEFAULT_FIGURES, LONG_DECODE)
+FIGURES_WITHOUT_PEER = (LONG_DECODE,)
 SIZES = {
     "one_stream": {"prompt": 512, "new": 128},
     "batch16": {"sequences": 16, "prompt": 512, "new": 128},
     "prefill": {"prompt": 2048},
     "long_context": {"prompt": 8192, "new": 64},
     "load": {"prompt": 16, "new": 1},
+    LONG_DECODE: long_decode_sizes(DEFAULT_CONTEXTS),
 }
 _TOKEN_IDS = (10, 250)  # below every test tokenizer's size (and far below the models')
 _HEALTH_DEADLINE_S = 1800.0

@@ -14,12 +14,16 @@ converter read it like any model folder.
 
 Shapes (`SHAPES`) are the issue-37 scale-downs of the families: a dense
 Llama of 1.07B, GLM-4.5's MoE at 1.90B (402M active) and Kimi K2's MLA MoE at
-1.93B (433M active); `layers` cuts them shorter for quick runs.
+1.93B (433M active); and issue 41's newer families on Kimi K2's body (the same
+MLA and MoE sizes, so the long-context figure compares attention alone):
+GLM-5.x's sparse attention (`glm5`) and Kimi Linear's KDA/MLA hybrid
+(`kimi_linear`). `layers` cuts them shorter for quick runs.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -42,8 +46,19 @@ _MOE = dict(
     topk_group=1,
     norm_topk_prob=True,
     vocab_size=32000,
-    max_position_embeddings=16384,
+    # Room for the long-context figure's 32k prompts plus their decode.
+    max_position_embeddings=65536,
     tie_word_embeddings=False,
+)
+# Kimi K2's latent attention (DeepSeek V3's MLA).
+_MLA = dict(
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    q_lora_rank=768,
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
+    qk_nope_head_dim=128,
+    v_head_dim=128,
 )
 SHAPES = {
     "llama": (
@@ -83,17 +98,60 @@ SHAPES = {
         "DeepseekV3ForCausalLM",
         dict(
             _MOE,
-            num_attention_heads=16,
-            num_key_value_heads=16,
-            q_lora_rank=768,
-            kv_lora_rank=512,
-            qk_rope_head_dim=64,
-            qk_nope_head_dim=128,
-            v_head_dim=128,
+            **_MLA,
             routed_scaling_factor=2.827,
             rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
         ),
     ),
+    # GLM-5.x: kimi_k2's body plus the indexer at GLM-5's proportions (index heads half
+    # the attention heads, 32 of 64; keys of 128; top-2048) and GLM-5.2's shared
+    # indexers (layers 0-2 run theirs, then every fourth: engine/planner/sparse_presets.py).
+    "glm5": (
+        "GlmMoeDsaConfig",
+        "GlmMoeDsaForCausalLM",
+        dict(
+            _MOE,
+            **_MLA,
+            index_n_heads=8,
+            index_head_dim=128,
+            index_topk=2048,
+            index_topk_freq=4,
+            index_skip_topk_offset=3,
+            routed_scaling_factor=2.5,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        ),
+    ),
+    # Kimi Linear: KDA heads as many as attention heads, of 128 (the 48B release's 32 of
+    # 128 at 32 heads), a width-4 convolution; its MLA without q_lora as released. The
+    # layer plan (_kimi_linear_layer_types) is set per depth.
+    "kimi_linear": (
+        "KimiLinearConfig",
+        "KimiLinearForCausalLM",
+        dict(
+            {key: value for key, value in _MOE.items() if key != "n_routed_experts"},
+            **{**_MLA, "q_lora_rank": None},
+            num_local_experts=_MOE["n_routed_experts"],
+            linear_num_heads=16,
+            linear_head_dim=128,
+            linear_conv_kernel_dim=4,
+            pad_token_id=0,
+        ),
+    ),
+}
+
+
+def _kimi_linear_layer_types(layers: int) -> list[str]:
+    """The 48B release's plan at any depth: MLA at every fourth layer (1-based) and at the
+    last, KDA elsewhere (27 layers: 20 KDA, 7 MLA; 14 layers: 10 KDA, 4 MLA)."""
+    return [
+        "full_attention" if (i + 1) % 4 == 0 or i == layers - 1 else "linear_attention"
+        for i in range(layers)
+    ]
+
+
+# Fields that depend on the depth, per family.
+_DEPTH_FIELDS = {
+    "kimi_linear": lambda layers: {"layer_types": _kimi_linear_layer_types(layers)},
 }
 
 
@@ -104,6 +162,8 @@ def realistic_config(family: str, layers: int | None = None) -> dict:
     fields = dict(fields)
     if layers is not None:
         fields["num_hidden_layers"] = layers
+    if family in _DEPTH_FIELDS:
+        fields.update(_DEPTH_FIELDS[family](fields["num_hidden_layers"]))
     cfg = getattr(transformers, config_class)(**fields)
     cfg.architectures = [model_class]
     cfg.dtype = "bfloat16"
@@ -112,28 +172,32 @@ def realistic_config(family: str, layers: int | None = None) -> dict:
 
 
 def _tensor_shapes(family: str, cfg: dict) -> dict[str, tuple[int, ...]]:
+    """Names and shapes as transformers saves the family: the model's state dict through
+    transformers' own save-time conversion (experts one at a time, Kimi Linear's released
+    names), which runs on meta tensors as well as on real ones."""
     import transformers
+    from transformers.core_model_loading import revert_weight_conversion
 
     config_class, model_class, _ = SHAPES[family]
     config = getattr(transformers, config_class)(**cfg)
     with torch.device("meta"):
         model = getattr(transformers, model_class)(config)
-    shapes = {}
-    for name, tensor in model.state_dict().items():
-        shape = tuple(tensor.shape)
-        # transformers holds a layer's routed experts as two stacked tensors and saves
-        # them one expert at a time (the released form): list them so.
-        if name.endswith("mlp.experts.gate_up_proj"):
-            experts, rows, hidden = shape
-            for e in range(experts):
-                for part in ("gate_proj", "up_proj"):
-                    shapes[f"{name[: -len('gate_up_proj')]}{e}.{part}.weight"] = (rows // 2, hidden)
-        elif name.endswith("mlp.experts.down_proj"):
-            for e in range(shape[0]):
-                shapes[f"{name[: -len('down_proj')]}{e}.down_proj.weight"] = shape[1:]
-        else:
-            shapes[name] = shape
-    return shapes
+    saved = revert_weight_conversion(model, model.state_dict())
+    return {_released_name(name): tuple(tensor.shape) for name, tensor in saved.items()}
+
+
+# transformers saves Kimi Linear's dense first MLP under `block_sparse_moe.` too; the
+# release (and llama.cpp's converter) has it under `mlp.`, as the engine reads either.
+_DENSE_UNDER_MOE_NAME = re.compile(r"\.block_sparse_moe\.(?=(gate|up|down)_proj\.)")
+
+
+def _released_name(name: str) -> str:
+    return _DENSE_UNDER_MOE_NAME.sub(".mlp.", name)
+
+
+def _is_router(name: str) -> bool:
+    # `mlp.gate` in most families, `block_sparse_moe.gate` in Kimi Linear's files.
+    return name.endswith(".gate.weight")
 
 
 def _values(name: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
@@ -146,8 +210,8 @@ def _values(name: str, shape: tuple[int, ...], generator: torch.Generator) -> to
     weight = torch.randn(shape, generator=generator) * scale
     if name.endswith(("embed_tokens.weight", "lm_head.weight")):
         return q8_0_values(weight)
-    if name.endswith("mlp.gate.weight") or shape[1] % GROUP:
-        return weight  # the router stays float32, as a GGUF keeps it
+    if _is_router(name) or len(shape) != 2 or shape[1] % GROUP:
+        return weight  # routers and convolutions stay float32, as a GGUF keeps them
     return q4_1_values(weight)
 
 
@@ -184,7 +248,7 @@ def put_on_grid(directory: Path) -> Path:
     for shard in sorted(Path(directory).glob("*.safetensors")):
         tensors = load_file(str(shard))
         for name, tensor in tensors.items():
-            if tensor.dim() != 2 or tensor.shape[1] % GROUP or name.endswith("mlp.gate.weight"):
+            if tensor.dim() != 2 or tensor.shape[1] % GROUP or _is_router(name):
                 continue
             grid = name.endswith(("embed_tokens.weight", "lm_head.weight"))
             tensors[name] = (q8_0_values if grid else q4_1_values)(tensor).to(tensor.dtype)
