@@ -22,7 +22,7 @@
    (Eight rows use every register; with more, the weights are dequantized
    once per eight, and Fp8BlockMethod prefers fp8_block_dequantize, below,
    with torch's GEMM.) */
-#include <immintrin.h>
+#include "simd_arch.h"
 #include <stdint.h>
 #include <stdlib.h>
 

@@ -6,7 +6,7 @@
    load: numpy's codes array (a byte a value), its concatenations and torch's permutes
    cost seconds and leave freed arenas behind for a file of a gigabyte, where this
    reads each block once and writes each packed byte once. */
-#include <immintrin.h>
+#include "simd_arch.h"
 #include <stdint.h>
 #include <string.h>
 

@@ -21,7 +21,7 @@
    Bits a weight, scales included: U4 5, U8 9, Q4_K 4.625, Q5_K 5.625, Q6_K 6.5625. */
 #ifndef RESIDENT_GRID_FORMATS_H
 #define RESIDENT_GRID_FORMATS_H
-#include <immintrin.h>
+#include "simd_arch.h"
 #include <stdint.h>
 
 #define GROUP 32
@@ -75,7 +75,11 @@ ALWAYS_INLINE __m512i or_masked(__m512i v, __m512i mask, __m512i w) {
    bytes two to eight times and costs a 4-bit product from cache about 6% (Q5_K 10%). */
 ALWAYS_INLINE __m512i load_once(const uint8_t *src) {
     __m512i v = _mm512_loadu_si512(src);
+#ifdef RESIDENT_AVX2
+    __asm__("" : "+x"(v.lo), "+x"(v.hi));
+#else
     __asm__("" : "+v"(v));
+#endif
     return v;
 }
 

@@ -7,7 +7,7 @@
    the first sum is exact integer arithmetic (vpdpbusd), the rest is float. The scales
    are kept as the file stores them (half, and bytes for the K-quants' 6-bit factors):
    float32 ones would be a fifth of a 4-bit weight's bytes, read on every decode step. */
-#include <immintrin.h>
+#include "simd_arch.h"
 #include <stdint.h>
 #include <stdlib.h>
 

@@ -24,7 +24,7 @@
      a BF16 scale) and multiplies x in float32 (BF16 x widened once), so the
      result differs from torch's dequantize-then-matmul by float32 summation
      order only. */
-#include <immintrin.h>
+#include "simd_arch.h"
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -77,8 +77,8 @@ static inline __attribute__((always_inline)) void tile_int8(
             const int32_t *xr = (const int32_t *)(xq + r * K + 32 * g);
             __m512i dot = _mm512_set1_epi32(seed[r * subgroups + g]);
             for (int w = 0; w < 4; w++) {
-                dot = _mm512_dpbusd_epi32(dot, lo[w], _mm512_set1_epi32(xr[w]));
-                dot = _mm512_dpbusd_epi32(dot, hi[w], _mm512_set1_epi32(xr[4 + w]));
+                dot = dpbusd_small(dot, lo[w], _mm512_set1_epi32(xr[w])); /* nibbles */
+                dot = dpbusd_small(dot, hi[w], _mm512_set1_epi32(xr[4 + w]));
             }
             const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(dx[r * subgroups + g]));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);

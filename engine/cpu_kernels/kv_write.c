@@ -4,7 +4,7 @@
    bit for bit what torch's division, clamp and float8_e4m3fn cast give
    (tests/engine/test_cpu_kernels.py sweeps it against torch). BF16 and
    float32 caches take the values (rounded to nearest even for BF16). */
-#include <immintrin.h>
+#include "simd_arch.h"
 #include <stdint.h>
 
 #include "kernels.h"

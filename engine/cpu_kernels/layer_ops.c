@@ -10,7 +10,7 @@
    - silu_mul: y = bf16(bf16(silu(gate)) * up) on a fused [gate | up] row;
    - hadamard: y = x @ blockdiag(H) / sqrt(block) per row, in float32;
    - rope: NeoX or interleaved rotary on the first rot_dim values of each head. */
-#include <immintrin.h>
+#include "simd_arch.h"
 #include <math.h>
 #include <stdint.h>
 

@@ -5,8 +5,11 @@ or 8-bit grid weights with int8 activations (the scheme llama.cpp runs its
 Q4_1/Q8_0 files with), or attention that reads FP8 pages in place. These are
 a few hundred lines of C, compiled once per machine with the system C
 compiler into the user cache (`$XDG_CACHE_HOME/resident/kernels`) and called
-through ctypes. They need Linux on x86-64 with AVX-512 (F, BW, VL) and VNNI;
-where the CPU, the compiler or the build is missing, `unavailable()` says why
+through ctypes. They need Linux on x86-64 with AVX-512 (F, BW, VL) and VNNI,
+or else AVX2 with FMA and F16C: the same sources then compile against
+avx512_on_avx2.h, which builds each AVX-512 operation they use from AVX2
+(`RESIDENT_CPU_ISA=avx2` picks that build on an AVX-512 CPU too, to check it).
+Where the CPU, the compiler or the build is missing, `unavailable()` says why
 and the engine keeps its torch code.
 
 The library shares torch's OpenMP runtime (torch loads libgomp.so.1 first and
@@ -28,19 +31,17 @@ from pathlib import Path
 
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))
-_FLAGS = [
-    "-O3",
-    "-mavx512f",
-    "-mavx512bw",
-    "-mavx512vl",
-    "-mavx512vnni",
-    "-mfma",
-    "-mf16c",
-    "-fopenmp",
-    "-fPIC",
-    "-shared",
-]
-_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c")
+_COMMON_FLAGS = ["-O3", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared"]
+# Per instruction set: the compiler's flags and the CPU flags it needs (/proc/cpuinfo's
+# names). The AVX-512 build's prefill attention also needs AVX-512 BF16 (bf16_dot_products).
+ISA_BUILDS = {
+    "avx512": (
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"],
+        ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma", "f16c"),
+    ),
+    "avx2": (["-mavx2", "-DRESIDENT_AVX2"], ("avx2", "fma", "f16c")),
+}
+ISA_ENV = "RESIDENT_CPU_ISA"
 _I64, _INT, _FLOAT, _PTR = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
 # name -> argument types; every function returns int (0 = done).
 _SIGNATURES = {
@@ -153,12 +154,29 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def _build(compiler: str) -> Path:
+def _isa() -> tuple[str | None, str]:
+    """The build this CPU runs (AVX-512 first), or None and what it lacks."""
+    wanted = os.environ.get(ISA_ENV, "")
+    if wanted and wanted not in ISA_BUILDS:
+        return None, f"{ISA_ENV}={wanted} is not one of {', '.join(ISA_BUILDS)}"
+    lacking = ""
+    for isa, (_, cpu_flags) in ISA_BUILDS.items():
+        if wanted and isa != wanted:
+            continue
+        missing = [flag for flag in cpu_flags if flag not in _cpu_flags()]
+        if not missing:
+            return isa, ""
+        lacking = lacking or ", ".join(missing)
+    return None, f"the CPU lacks {lacking}"
+
+
+def _build(compiler: str, isa: str) -> Path:
     """Compile once per sources, flags and compiler; reuse the cached library."""
+    flags = _COMMON_FLAGS + ISA_BUILDS[isa][0]
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=False
     ).stdout
-    digest = hashlib.sha256(" ".join(_FLAGS).encode() + version.encode())
+    digest = hashlib.sha256(" ".join(flags).encode() + version.encode())
     for source in SOURCES + HEADERS:
         digest.update(source.name.encode() + source.read_bytes())
     target = kernels_dir() / f"resident-cpu-{digest.hexdigest()[:16]}.so"
@@ -169,7 +187,7 @@ def _build(compiler: str) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
         result = subprocess.run(
-            [compiler, *_FLAGS, "-o", str(built), *map(str, SOURCES)],
+            [compiler, *flags, "-o", str(built), *map(str, SOURCES)],
             capture_output=True,
             text=True,
             check=False,
@@ -186,14 +204,14 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         return None, "RESIDENT_CPU_KERNELS=0"
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return None, f"needs Linux on x86-64 (this is {platform.system()} {platform.machine()})"
-    missing = [flag for flag in _CPU_FLAGS if flag not in _cpu_flags()]
-    if missing:
-        return None, f"the CPU lacks {', '.join(missing)}"
+    isa, missing = _isa()
+    if isa is None:
+        return None, missing
     compiler = _compiler()
     if compiler is None:
         return None, "no C compiler (cc or gcc) on PATH"
     try:
-        library = ctypes.CDLL(str(_build(compiler)))
+        library = ctypes.CDLL(str(_build(compiler, isa)))
     except OSError as error:
         return None, f"building the CPU kernels failed: {error}"
     for name, argtypes in _SIGNATURES.items():
@@ -206,6 +224,18 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
 def unavailable() -> str:
     """Why the CPU kernels cannot run here, or "" when they can."""
     return _load()[1]
+
+
+def isa() -> str | None:
+    """The instruction set the loaded kernels were built for ("avx512", "avx2"), or None."""
+    return _isa()[0] if _load()[0] is not None else None
+
+
+def bf16_dot_products() -> bool:
+    """Whether the kernels that multiply BF16 pairs (paged_prefill.c) can run: natively
+    with AVX-512 BF16, or as FMAs in the AVX2 build."""
+    built = isa()
+    return built == "avx2" or (built == "avx512" and has_cpu_flag("avx512_bf16"))
 
 
 def library() -> ctypes.CDLL:

@@ -28,7 +28,7 @@
    output is rounded to the activations' dtype. FP8 rows are e4m3 bytes read as the half holding
    value * 2**-8; the latent and rope factors carry the scales and the 2**8,
    exactly the factors pool.gather returns. */
-#include <immintrin.h>
+#include "simd_arch.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

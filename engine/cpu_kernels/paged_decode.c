@@ -9,7 +9,7 @@
    Layer storage: [slots, 2, kv_heads, head_dim], K then V per slot. An FP8
    byte is read as the IEEE half holding value * 2**-8 (engine/kv/quant.py);
    the caller's K and V factors carry the scale and the 2**8. */
-#include <immintrin.h>
+#include "simd_arch.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

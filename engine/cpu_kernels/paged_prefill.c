@@ -4,7 +4,8 @@
    torch's CPU SDPA runs its flash kernel in float32 arithmetic and, with the
    explicit mask a chunk over a cached prefix needs, cannot skip the blocks
    above the diagonal. This kernel uses AVX-512 BF16 dot products (32
-   multiply-adds an instruction, float32 sums) for both products:
+   multiply-adds an instruction, float32 sums) for both products (the AVX2 build:
+   the same sums from FMAs):
 
    1. For one sequence and KV head, the context's K and V rows are read from
       the pages once (BF16, or FP8 bytes, whose values are exact in BF16) and
@@ -18,8 +19,10 @@
 
    Queries and output are BF16 [T, Hq, D]; a sequence's queries are the last
    q_lens[b] positions of its context. K and V factors carry the FP8 scales. */
+#ifndef RESIDENT_AVX2
 #pragma GCC target("avx512bf16")
-#include <immintrin.h>
+#endif
+#include "simd_arch.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -30,9 +33,29 @@
 
 enum { KEYS = 32, QUERY_BLOCK = 16 };
 
+#ifdef RESIDENT_AVX2
+/* vdpbf16ps from FMAs: a BF16 value is the top half of its float32, and a product of two
+   is exact in float32, so the odd pair's then the even pair's product added to acc, as
+   the instruction adds them, round alike (denormals aside, which it flushes). */
+static inline float bf16_bits_to_float(uint32_t high_bits) {
+    float f;
+    memcpy(&f, &high_bits, 4);
+    return f;
+}
+
+static inline __m512 dot(__m512 acc, uint32_t pair, __m512i packed) {
+    const __m512 q_even = _mm512_set1_ps(bf16_bits_to_float(pair << 16));
+    const __m512 q_odd = _mm512_set1_ps(bf16_bits_to_float(pair & 0xFFFF0000u));
+    const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(packed, 16));
+    const __m512 odd =
+        _mm512_castsi512_ps(_mm512_and_si512(packed, _mm512_set1_epi32((int)0xFFFF0000u)));
+    return _mm512_fmadd_ps(even, q_even, _mm512_fmadd_ps(odd, q_odd, acc));
+}
+#else
 static inline __m512 dot(__m512 acc, uint32_t pair, __m512i packed) {
     return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)pair), (__m512bh)packed);
 }
+#endif
 
 /* 16 stored values (BF16 or FP8 bytes) -> their BF16 bits. FP8 values are
    exact in BF16, so only the representation changes. */
@@ -206,7 +229,9 @@ int paged_prefill(const uint16_t *q, const uint8_t *kv, int kv_kind, const int64
                   const int64_t *lens, const int64_t *q_starts, const int64_t *q_lens, int64_t B,
                   int64_t L, int64_t Hq, int64_t Hkv, int64_t D, const float *k_factor,
                   const float *v_factor, float softmax_scale, uint16_t *out, int threads) {
+#ifndef RESIDENT_AVX2
     if (!__builtin_cpu_supports("avx512bf16")) return -2;
+#endif
     const int64_t group = Hq / Hkv, elem = kv_kind == KV_BF16 ? 2 : 1;
     const int64_t max_blocks = (L + KEYS - 1) / KEYS, rows = QUERY_BLOCK * group;
     uint32_t *k_packed = malloc(sizeof(uint32_t) * (size_t)(max_blocks * KEYS * D / 2 + 1));

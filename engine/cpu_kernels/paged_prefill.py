@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from engine.cpu_kernels.library import has_cpu_flag, library
+from engine.cpu_kernels.library import bf16_dot_products, library
 from engine.cpu_kernels.paged_decode import KV_KINDS, MAX_HEAD_DIM
 
 
 def prefill_supports(q: torch.Tensor, storage: torch.Tensor) -> bool:
     """BF16 queries over a BF16 or FP8 layer storage [slots, 2, kv_heads, head_dim] on a
-    CPU with AVX-512 BF16. Float32 queries stay on the torch path, which keeps them exact."""
+    CPU with AVX-512 BF16, or in the AVX2 build. Float32 queries stay on the torch path,
+    which keeps them exact."""
     head_dim = q.shape[-1]
     return (
-        has_cpu_flag("avx512_bf16")
+        bf16_dot_products()
         and q.device.type == "cpu"
         and q.dtype == torch.bfloat16
         and storage.device.type == "cpu"

@@ -1,7 +1,7 @@
 /* AVX-512 helpers shared by the CPU kernels. */
 #ifndef RESIDENT_SIMD_H
 #define RESIDENT_SIMD_H
-#include <immintrin.h>
+#include "simd_arch.h"
 #include <stdint.h>
 
 /* 16 bfloat16 values -> float32. */

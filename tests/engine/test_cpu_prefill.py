@@ -15,7 +15,7 @@ from engine.kv.sizing import KVLayout
 from tests.engine.conftest import count_calls
 
 pytestmark = pytest.mark.skipif(
-    bool(library.unavailable()) or not library.has_cpu_flag("avx512_bf16"),
+    not library.bf16_dot_products(),
     reason=f"CPU kernels: {library.unavailable() or 'the CPU lacks avx512_bf16'}",
 )
 # BF16 queries, BF16-rounded probabilities and a BF16 output: both sides round
