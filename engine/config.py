@@ -156,8 +156,9 @@ class EngineConfig(BaseModel):
     # CPU products with 4-/8-bit grid weights (engine/layers/cpu_grid_weights.py).
     cpu_kernel: CPUKernelName = Field(
         default="auto",
-        description="CPU products with 4-/8-bit grid weights: int8 activations (AVX-512 "
-        "VNNI kernel, fastest), bf16 (torch's int4 kernel), or auto (int8 where it runs).",
+        description="CPU products with 4-/8-bit grid weights: int8 activations (the C "
+        "kernel, AVX-512 VNNI or AVX2; fastest), bf16 (torch's int4 kernel), or auto (int8 "
+        "where it runs).",
     )
     # Dense CPU weights quantized at load (engine/layers/cpu_weight_quantization.py).
     cpu_weights: CPUWeightsName = Field(

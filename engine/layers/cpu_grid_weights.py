@@ -7,7 +7,7 @@ values along a row, on a small uniform grid: Q4_1 on 16 levels `lo + step * q`
 keeps those values exactly, so they can be packed back without loss. Two
 kernels read them:
 
-- `int8` (engine/cpu_kernels, AVX-512 VNNI): the codes stay 4- or 8-bit with
+- `int8` (engine/cpu_kernels, AVX-512 VNNI or AVX2): the codes stay 4- or 8-bit with
   scales and offsets in half precision (as the GGUF blocks store them), and
   each row of activations is quantized to int8 per group of 32, as llama.cpp
   does for these files. Integer dot products make it the fastest at every row

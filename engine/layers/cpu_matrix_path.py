@@ -1,6 +1,6 @@
 """Which instructions multiply grid weights (engine/layers/cpu_grid_weights.py) at many rows.
 
-The int8 kernel (AVX-512 VNNI dot products, engine/cpu_kernels/grid_matmul.c)
+The int8 kernel (AVX-512 VNNI or AVX2 dot products, engine/cpu_kernels/grid_matmul.c)
 serves every row count, and on processors without matrix units it is the
 fastest at every one. Prefill and large batches are matrix work, though, and
 an Intel Xeon with AMX multiplies BF16 tiles through oneDNN at several times
@@ -58,7 +58,10 @@ def use_matrix_path(path: str, min_rows: int = BF16_MIN_ROWS) -> Iterator[None]:
 def describe_matrix_path() -> dict:
     path, min_rows = matrix_path()
     if path == INT8:
-        return {"cpu_prefill_path": "int8 dot products (VNNI) at every row count"}
+        from engine.cpu_kernels.library import isa
+
+        built = {"avx512": "AVX-512 VNNI", "avx2": "AVX2"}.get(isa() or "", "no C kernels")
+        return {"cpu_prefill_path": f"int8 dot products ({built}) at every row count"}
     return {"cpu_prefill_path": f"bf16 tiles through oneDNN from {min_rows} rows, int8 below"}
 
 
