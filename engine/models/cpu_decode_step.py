@@ -121,10 +121,12 @@ def _fusable(layer, first_layer) -> bool:
 class FusedDecode:
     """The layers of one model, described for `decode_layers`; `run` takes a decode step."""
 
-    def __init__(self, layers: list[PreNormDecoderLayer]):
+    def __init__(self, layers: list[PreNormDecoderLayer], first: int = 0, total: int = 0):
         attn = layers[0].self_attn
         rotation = attn.kv_rotation
         self.layers = layers
+        # Layers [first, first + len(layers)) of a model of `total` layers (its KV pool's).
+        self.first, self.total = first, total or first + len(layers)
         self.moe_blocks = [
             layer.mlp.cpu_block for layer in layers if isinstance(layer.mlp, SparseMoE)
         ]
@@ -154,21 +156,21 @@ class FusedDecode:
         self._array = None
 
     @classmethod
-    def build(cls, layers) -> FusedDecode | None:
+    def build(cls, layers, first: int = 0, total: int = 0) -> FusedDecode | None:
         """The fused form when every layer is one the C code implements, else None."""
         if not layers or not all(_fusable(layer, layers[0]) for layer in layers):
             return None
-        first = layers[0].self_attn
-        rotary = first.rotary
+        attn = layers[0].self_attn
+        rotary = attn.rotary
         if not (
             rotary.cos.dtype == torch.float32
             and rotary.cos.is_contiguous()
             and rotary.sin.is_contiguous()
-            and first.head_dim % 16 == 0
-            and first.num_heads % first.num_kv_heads == 0
+            and attn.head_dim % 16 == 0
+            and attn.num_heads % attn.num_kv_heads == 0
         ):
             return None
-        return cls(layers)
+        return cls(layers, first, total)
 
     def _layer_array(self, pool, scales) -> ctypes.Array:
         array = (_Layer * len(self.layers))()
@@ -199,7 +201,7 @@ class FusedDecode:
                 k_norm=None if k_norm is None else k_norm.weight.data_ptr(),
                 qkv=GridWeightRef.of(_grid(attn.qkv_proj)),
                 o=GridWeightRef.of(_grid(attn.o_proj)),
-                kv=pool.storage[index].data_ptr(),
+                kv=pool.storage[self.first + index].data_ptr(),
                 k_scale=k_scale.data_ptr(),
                 v_scale=v_scale.data_ptr(),
                 k_factor=k_factor.data_ptr(),
@@ -210,8 +212,15 @@ class FusedDecode:
 
     def run(self, x: torch.Tensor, positions: torch.Tensor, ctx) -> bool:
         """Run every layer on x [tokens, hidden] in place; False (x untouched) if not fusable."""
+        if not self.accepts(x, ctx):
+            return False
+        self.run_accepted(x, positions, ctx)
+        return True
+
+    def accepts(self, x: torch.Tensor, ctx) -> bool:
+        """Whether `run` would take this step."""
         meta, pool = ctx.meta, ctx.pool
-        if not (
+        return (
             meta.decode_only
             and type(ctx.backend) is CPUAttentionBackend
             and x.dtype == torch.bfloat16
@@ -219,14 +228,17 @@ class FusedDecode:
             and x.device.type == "cpu"
             and hasattr(pool, "writes_plainly")
             and supports(pool.storage[0], self.head_dim)
-            and pool.storage.shape[0] == len(self.layers)
+            and pool.storage.shape[0] == self.total
             and all(block.takes(x) for block in self.moe_blocks)
-        ):
-            return False
-        if not pool.writes_plainly():  # still calibrating or observing: the modules write
-            return False
+            # still calibrating or observing: the modules write
+            and pool.writes_plainly()
+        )
+
+    def run_accepted(self, x: torch.Tensor, positions: torch.Tensor, ctx) -> None:
+        meta, pool = ctx.meta, ctx.pool
         if (pool, pool.scales_version) != self._scales_key:
-            scales = [(pool.write_scales(i), pool.head_factors(i)) for i in range(len(self.layers))]
+            layers = range(self.first, self.first + len(self.layers))
+            scales = [(pool.write_scales(i), pool.head_factors(i)) for i in layers]
             self._array = self._layer_array(pool, scales)
             self._scales = scales  # the array points into these tensors
             self._scales_key = (pool, pool.scales_version)
@@ -249,16 +261,23 @@ class FusedDecode:
         )
         if status != 0:
             raise MemoryError("decode_layers could not allocate its scratch buffers")
-        return True
 
 
 def fused_decode_for(model: nn.Module):
     """The fused decode step for a model whose trunk is the Llama one (Llama-family layers,
-    or MLA layers: engine/models/cpu_mla_decode_step.py), else None."""
+    or MLA layers: engine/models/cpu_mla_decode_step.py), else None. Where only some
+    Llama-family layers can be fused (a Q4_K_M file gives a few layers' q, k and v
+    different quant types, which no one grid holds), runs of them are fused and the
+    others stay modules (engine/models/cpu_decode_segments.py)."""
+    from engine.models.cpu_decode_segments import FusedSegments
     from engine.models.cpu_mla_decode_step import FusedMLADecode
 
     trunk = getattr(model, "model", None)
     if type(trunk) is not LlamaModel:
         return None
     layers = list(trunk.layers)
-    return FusedDecode.build(layers) or FusedMLADecode.build(layers)
+    return (
+        FusedDecode.build(layers)
+        or FusedMLADecode.build(layers)
+        or FusedSegments.build(layers, _fusable, FusedDecode.build)
+    )

@@ -75,3 +75,39 @@ def test_a_glm_moe_step_computes_what_the_modules_compute(glm4_moe, kv, monkeypa
 
     llm = LLM(str(glm4_moe), dtype="bfloat16", kv_cache_dtype=kv, cpu_weights="q8_0")
     fused_and_modules_agree(llm, monkeypatch, kind=FusedDecode)
+
+
+@pytest.fixture(scope="module")
+def glm4_moe_4_layers(tmp_path_factory):
+    from engine.devtools.testing.checkpoints import build_glm4_moe
+
+    folder = tmp_path_factory.mktemp("glm_segments") / "glm4_moe"
+    return build_glm4_moe(folder, head_dim=32, num_hidden_layers=4)
+
+
+def test_runs_of_fusable_layers_fuse_around_the_others(glm4_moe_4_layers, monkeypatch):
+    """A layer the C step cannot run (here: declared so, as a Q4_K_M file's layer whose
+    q, k and v have different quant types is) stays a module between fused runs, and
+    every decode step gives the modules' bits."""
+    from engine import LLM
+    from engine.models import cpu_decode_step
+    from engine.models.cpu_decode_segments import FusedSegments
+
+    llm = LLM(
+        str(glm4_moe_4_layers), dtype="bfloat16", kv_cache_dtype="fp8_e4m3", cpu_weights="q8_0"
+    )
+    model = llm.engine.model
+    layers = list(model.model.layers)
+    odd_one = layers[2]
+    fusable = cpu_decode_step._fusable
+    monkeypatch.setattr(
+        cpu_decode_step,
+        "_fusable",
+        lambda layer, first: layer is not odd_one and fusable(layer, first),
+    )
+    segments = cpu_decode_step.fused_decode_for(model)
+    assert isinstance(segments, FusedSegments)
+    assert [fused for fused, _ in segments.pieces] == [True, False, True]
+    assert [len(step.layers) for step in segments.fused] == [2, 1]
+    model.use_decode_step(segments)
+    fused_and_modules_agree(llm, monkeypatch, kind=FusedSegments)
