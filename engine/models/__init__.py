@@ -4,7 +4,8 @@ decoder.py holds the pieces they share, base.py the causal-LM base, one module
 per family (llama.py, glm4.py, glm4_moe.py, deepseek_v3.py, deepseek_v32.py
 (DeepSeek V3.2 and GLM-5.x), kimi_linear.py),
 loader.py builds a model and reads its weights, cpu_decode_step.py runs a
-whole decode step in C.
+whole decode step in C (cpu_decode_segments.py: in runs of layers, where only some
+layers can be fused).
 """
 
 from __future__ import annotations
