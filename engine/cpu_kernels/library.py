@@ -226,11 +226,13 @@ def unavailable() -> str:
     return _load()[1]
 
 
+@functools.cache  # as _load: fixed for the process
 def isa() -> str | None:
     """The instruction set the loaded kernels were built for ("avx512", "avx2"), or None."""
     return _isa()[0] if _load()[0] is not None else None
 
 
+@functools.cache  # asked by every prefill attention call (paged_prefill.prefill_supports)
 def bf16_dot_products() -> bool:
     """Whether the kernels that multiply BF16 pairs (paged_prefill.c) can run: natively
     with AVX-512 BF16, or as FMAs in the AVX2 build."""
