@@ -96,7 +96,8 @@ def test_get_load_in_sglangs_shape_idle_and_busy(server):
     assert entry["dp_rank"] == 0
     assert (entry["num_reqs"], entry["num_waiting_reqs"], entry["num_tokens"]) == (0, 0, 0)
     assert entry["kv_capacity_tokens"] == stats(server)["capacity_tokens"] > 0
-    # A long request from another thread: polled while it runs, it holds KV.
+    # A long request from another thread: polled while it runs, it holds KV. (Polled until
+    # it runs, not merely arrives: the first poll can see it waiting for the scheduler.)
     body = dict(model="tiny-worker", prompt=PROMPT, max_tokens=400, extra_body={"ignore_eos": True})
     replies = []
     running = threading.Thread(
@@ -104,11 +105,11 @@ def test_get_load_in_sglangs_shape_idle_and_busy(server):
     )
     running.start()
     try:
-        busy = _poll_load(server, lambda entry: entry["num_reqs"] > 0, running)
+        busy = _poll_load(server, lambda entry: entry["num_running_reqs"] > 0, running)
     finally:
         running.join(timeout=120)
     assert replies and replies[0].usage.completion_tokens == 400
-    assert busy["num_reqs"] == busy["num_running_reqs"] == 1
+    assert busy["num_reqs"] == busy["num_running_reqs"] == 1 and busy["num_waiting_reqs"] == 0
     assert busy["num_tokens"] == busy["kv_used_tokens"] > 0
     assert 0 < busy["kv_usage"] <= 1
 
