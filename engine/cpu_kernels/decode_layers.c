@@ -17,7 +17,8 @@
 typedef struct {
     const uint16_t *input_norm, *post_norm; /* bf16 [hidden] */
     const uint16_t *q_norm, *k_norm;        /* bf16 [head_dim] per-head norms, or NULL */
-    GridWeightRef qkv, o, gate_up, down;    /* gate_up/down: the dense MLP or the shared
+    GridWeightRef qkv[3];                   /* one grid, or q, k and v (qkv_parts of them) */
+    GridWeightRef o, gate_up, down;         /* gate_up/down: the dense MLP or the shared
                                                expert (codes NULL: none) */
     const MoeRouting *routing;              /* a MoE layer, or NULL: a dense MLP */
     const MoeExpert *experts;
@@ -25,6 +26,7 @@ typedef struct {
     uint8_t *kv;                            /* this layer's [slots, 2, kv_heads, head_dim] */
     const float *k_scale, *v_scale;         /* write scales [kv_heads] */
     const float *k_factor, *v_factor;       /* read factors [kv_heads] */
+    int64_t qkv_parts;                      /* 1, or 3 where no one grid holds q, k and v */
 } DecodeLayer;
 
 typedef struct {
@@ -38,6 +40,26 @@ static int product(const GridWeightRef *w, const uint16_t *x, int64_t rows, int6
                    int threads) {
     return grid_matmul(x, 1, rows, k, w->codes, w->scales, (int)w->format, w->rows, w->bias, out,
                        1, threads);
+}
+
+/* The qkv rows [tokens, width]: one product, or one per part (a Q4_K_M file's Q6_K v
+   beside Q4_K q and k), each into its columns. A part's product quantizes the same
+   input rows the same way, so the values are those of one joined product. */
+static int qkv_product(const DecodeLayer *ly, const uint16_t *h, int64_t tokens, int64_t H,
+                       int64_t width, uint16_t *qkv, uint16_t *part, int threads) {
+    if (ly->qkv_parts <= 1) return product(&ly->qkv[0], h, tokens, H, qkv, threads);
+    int status = 0;
+    int64_t column = 0;
+    for (int64_t p = 0; p < ly->qkv_parts; p++) {
+        const GridWeightRef *w = &ly->qkv[p];
+        /* One row is written in place; more go through scratch to be interleaved. */
+        status |= product(w, h, tokens, H, tokens == 1 ? qkv + column : part, threads);
+        if (tokens > 1)
+            for (int64_t t = 0; t < tokens; t++)
+                memcpy(qkv + t * width + column, part + t * w->rows, sizeof(uint16_t) * w->rows);
+        column += w->rows;
+    }
+    return status;
 }
 
 /* x [tokens, hidden] bf16: the residual stream, updated in place through all layers.
@@ -56,11 +78,12 @@ int decode_layers(const DecodeModel *m, const DecodeLayer *layers, int64_t count
     uint16_t *o = malloc(sizeof(uint16_t) * tokens * H);
     uint16_t *gu = malloc(sizeof(uint16_t) * tokens * 2 * I);
     uint16_t *act = malloc(sizeof(uint16_t) * tokens * I);
-    int status = (h && qkv && q && attn && o && gu && act) ? 0 : -1;
+    uint16_t *part = malloc(sizeof(uint16_t) * tokens * width);
+    int status = (h && qkv && q && attn && o && gu && act && part) ? 0 : -1;
     for (int64_t l = 0; l < count && status == 0; l++) {
         const DecodeLayer *ly = layers + l;
         rms_norm(x, NULL, ly->input_norm, m->eps, h, tokens, H, threads);
-        status |= product(&ly->qkv, h, tokens, H, qkv, threads);
+        status |= qkv_product(ly, h, tokens, H, width, qkv, part, threads);
         if (ly->q_norm) /* each head over its own D values, in place (read before written) */
             for (int64_t t = 0; t < tokens; t++) {
                 rms_norm(qkv + t * width, NULL, ly->q_norm, m->eps, qkv + t * width, Hq, D, 1);
@@ -92,6 +115,6 @@ int decode_layers(const DecodeModel *m, const DecodeLayer *layers, int64_t count
         }
         bf16_add_into(x, o, tokens * H);
     }
-    free(h), free(qkv), free(q), free(attn), free(o), free(gu), free(act);
+    free(h), free(qkv), free(q), free(attn), free(o), free(gu), free(act), free(part);
     return status ? -1 : 0;
 }

@@ -1,13 +1,12 @@
 """A decode step fused in runs of layers, for models whose layers are not all fusable.
 
-llama-quantize's Q4_K_M gives some layers' attention value projection more bits
-(Q6_K beside Q4_K for q and k, by a rule over the layer index), so those layers'
-q, k and v have no one grid to fuse into, and the whole-model step
-(engine/models/cpu_decode_step.py) would decline every step: a GLM-4.5-shaped
-Q4_K_M file then decoded one stream at 0.8x llama.cpp, its layers each a Python
-module. Here each maximal run of fusable layers is one C call and the layers
-between stay modules, in order, on the same hidden state.
-"""
+The whole-model step (engine/models/cpu_decode_step.py) declines every step when one
+layer is something its C code does not run: a layer a file leaves dense (a tensor
+type no grid holds), one of another attention type. Before the step took q, k and v
+as separate parts, a GLM-4.5-shaped Q4_K_M file (a Q6_K value projection beside Q4_K
+q and k in some layers) decoded one stream at 0.8x llama.cpp that way, every layer a
+Python module. Here each maximal run of fusable layers is one C call and the layers
+between stay modules, in order, on the same hidden state."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from engine.cpu_kernels.grid_matmul import GridWeightRef
 from engine.cpu_kernels.library import library
 from engine.cpu_kernels.paged_decode import KV_KINDS, supports
 from engine.kv.rotation import HadamardRotation
-from engine.layers.cpu_grid_weights import GridWeight, grid_weight_of
+from engine.layers.cpu_grid_weights import GridParts, GridWeight, grid_weight_of
 from engine.layers.moe import SparseMoE
 from engine.models.decoder import GatedMLP, GQAAttention, LlamaModel, PreNormDecoderLayer
 from engine.models.glm4_moe import Glm4MoeAttention
@@ -38,7 +38,7 @@ class _Layer(ctypes.Structure):
         ("post_norm", _PTR),
         ("q_norm", _PTR),
         ("k_norm", _PTR),
-        ("qkv", GridWeightRef),
+        ("qkv", GridWeightRef * 3),
         ("o", GridWeightRef),
         ("gate_up", GridWeightRef),
         ("down", GridWeightRef),
@@ -52,6 +52,7 @@ class _Layer(ctypes.Structure):
         ("v_scale", _PTR),
         ("k_factor", _PTR),
         ("v_factor", _PTR),
+        ("qkv_parts", _I64),
     ]
 
 
@@ -69,6 +70,17 @@ class _Model(ctypes.Structure):
 def _grid(linear: nn.Module) -> GridWeight | None:
     packed = grid_weight_of(linear)
     return packed if isinstance(packed, GridWeight) else None
+
+
+def _qkv_parts(linear: nn.Module) -> list[GridWeight] | None:
+    """The qkv projection as the C step takes it: one grid weight, or its q, k and v parts
+    each in its own format (GridParts: a Q4_K_M file's Q6_K v beside Q4_K q and k)."""
+    packed = grid_weight_of(linear)
+    if isinstance(packed, GridWeight):
+        return [packed]
+    if isinstance(packed, GridParts) and len(packed.parts) == 3:
+        return packed.parts if all(isinstance(p, GridWeight) for p in packed.parts) else None
+    return None
 
 
 def _mlp_fusable(mlp) -> bool:
@@ -108,13 +120,15 @@ def _fusable(layer, first_layer) -> bool:
     )
     shape = (attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale)
     return (
-        all(_grid(m) is not None for m in (attn.qkv_proj, attn.o_proj))
+        _qkv_parts(attn.qkv_proj) is not None
+        and _grid(attn.o_proj) is not None
         and _mlp_fusable(mlp)
         and all(n.weight.dtype == torch.bfloat16 and n.eps == eps for n in norms)
         and attn.rotary is first.rotary
         and shape == (first.num_heads, first.num_kv_heads, first.head_dim, first.scale)
         and rotation_ok
-        and _grid(attn.qkv_proj).rows == (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim
+        and sum(part.rows for part in _qkv_parts(attn.qkv_proj))
+        == (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim
     )
 
 
@@ -178,6 +192,7 @@ class FusedDecode:
             attn, mlp = layer.self_attn, layer.mlp
             (k_scale, v_scale), (k_factor, v_factor) = scales[index]
             q_norm, k_norm = _qk_norms(attn)
+            qkv = _qkv_parts(attn.qkv_proj)
             if isinstance(mlp, SparseMoE):
                 block = mlp.cpu_block
                 ffn = dict(
@@ -199,7 +214,8 @@ class FusedDecode:
                 post_norm=layer.post_attention_layernorm.weight.data_ptr(),
                 q_norm=None if q_norm is None else q_norm.weight.data_ptr(),
                 k_norm=None if k_norm is None else k_norm.weight.data_ptr(),
-                qkv=GridWeightRef.of(_grid(attn.qkv_proj)),
+                qkv=(GridWeightRef * 3)(*map(GridWeightRef.of, qkv)),
+                qkv_parts=len(qkv),
                 o=GridWeightRef.of(_grid(attn.o_proj)),
                 kv=pool.storage[self.first + index].data_ptr(),
                 k_scale=k_scale.data_ptr(),
@@ -266,9 +282,8 @@ class FusedDecode:
 def fused_decode_for(model: nn.Module):
     """The fused decode step for a model whose trunk is the Llama one (Llama-family layers,
     or MLA layers: engine/models/cpu_mla_decode_step.py), else None. Where only some
-    Llama-family layers can be fused (a Q4_K_M file gives a few layers' q, k and v
-    different quant types, which no one grid holds), runs of them are fused and the
-    others stay modules (engine/models/cpu_decode_segments.py)."""
+    Llama-family layers can be fused (others left dense, say), runs of them are fused
+    and the others stay modules (engine/models/cpu_decode_segments.py)."""
     from engine.models.cpu_decode_segments import FusedSegments
     from engine.models.cpu_mla_decode_step import FusedMLADecode
 

@@ -86,9 +86,9 @@ def glm4_moe_4_layers(tmp_path_factory):
 
 
 def test_runs_of_fusable_layers_fuse_around_the_others(glm4_moe_4_layers, monkeypatch):
-    """A layer the C step cannot run (here: declared so, as a Q4_K_M file's layer whose
-    q, k and v have different quant types is) stays a module between fused runs, and
-    every decode step gives the modules' bits."""
+    """A layer the C step cannot run (here: declared so, as a layer a file leaves dense
+    is) stays a module between fused runs, and every decode step gives the modules'
+    bits."""
     from engine import LLM
     from engine.models import cpu_decode_step
     from engine.models.cpu_decode_segments import FusedSegments

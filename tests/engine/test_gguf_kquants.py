@@ -338,7 +338,7 @@ def test_a_k_quant_file_read_directly_computes_what_its_float32_folder_computes(
     """Every K-quant layer packed, with no dense copy; a fused layer whose parts mix types
     (layer 1's qkv with a Q6_K attn_v beside Q4_K q and k, as Q4_K_M files have) holds a
     grid weight per part (GridParts); the last prompt tokens run as decode steps (all
-    layers in one C call where every layer is a single grid weight)."""
+    layers in one C call, the mixed layer's parts each a product of its own)."""
     tokenizer = tiny_tokenizer()
     gguf = tmp_path / "model.q4_k_m.gguf"
     types = {**_FILE_TYPES, "blk.1.attn_v.weight": "Q6_K" if mixed_qkv else "Q4_K"}
@@ -365,7 +365,10 @@ def test_a_k_quant_file_read_directly_computes_what_its_float32_folder_computes(
     for name, module in model.named_modules():
         if name in packed:
             assert module.weight.numel() == 0  # no dense copy was ever made
-    assert isinstance(model.model.decode_step, FusedDecode) != mixed_qkv
+    # Mixed parts too: the C step multiplies each part into its columns.
+    assert isinstance(model.model.decode_step, FusedDecode)
+    if mixed_qkv:
+        _batched_decode_is_the_modules(from_file)
 
     exact = LLM(str(converted), dtype="float32").prompt_logits(PROMPT).double()
     got = from_file.prompt_logits(PROMPT, decode_last=8).double()
@@ -374,3 +377,40 @@ def test_a_k_quant_file_read_directly_computes_what_its_float32_folder_computes(
     # the float32 folder run dense in BF16 moves them (0.05, 0.10): int8 adds little.
     assert (got - exact).abs().max() <= 0.03 * exact.abs().max()
     assert (got.argmax(-1) == exact.argmax(-1)).float().mean() >= 0.9
+
+
+def _batched_decode_is_the_modules(llm) -> None:
+    """Three sequences decoded together by the fused step (each part's rows interleaved
+    into the qkv rows through scratch), then by the modules: the same tokens, and the same
+    log-probabilities to the bit."""
+    from engine import SamplingParams
+
+    trunk, rows = llm.engine.model.model, []
+    step = trunk.decode_step
+    run = step.run
+
+    def counted(x, *args):
+        taken = run(x, *args)
+        rows.append(x.shape[0] if taken else 0)
+        return taken
+
+    step.run = counted
+    prompts = [list(range(5, 20)), list(range(30, 41)), list(range(7, 60, 3))]
+    # Sampled with a seed each, so the sequences feed different tokens: greedy (or one
+    # seed), this tiny model gives every sequence the same tokens, and rows alike would
+    # hide a row mixed up.
+    params = [
+        SamplingParams(max_tokens=8, temperature=1.0, seed=seed, ignore_eos=True, logprobs=5)
+        for seed in (1, 2, 3)
+    ]
+    fused = [_sampled(out) for out in llm.generate(prompts, params)]
+    assert rows.count(3) == 7  # every step after the prefill's first token
+    assert len({tokens for tokens, _ in fused}) == 3
+    trunk.decode_step = None
+    llm.engine.prefix_cache.clear()
+    assert [_sampled(out) for out in llm.generate(prompts, params)] == fused
+
+
+def _sampled(out) -> tuple:
+    completion = out.outputs[0]
+    return tuple(completion.token_ids), repr(completion.logprobs)
