@@ -64,8 +64,33 @@ static inline void quantize_row(const void *src, int bf16, Int8Rows x, int64_t r
 #define DPBUSD_CODES(small, acc, w, x)                                                    \
     ((small) ? dpbusd_small((acc), (w), (x)) : _mm512_dpbusd_epi32((acc), (w), (x)))
 
-/* sum over k of one group of the tile's codes times one row's int8 activations. */
-ALWAYS_INLINE __m512i group_dot(const __m512i w[8], const int32_t *xr, int small) {
+#ifdef RESIDENT_AVX2
+/* Vectors j0..j0 + n - 1 of a group's codes times their activations, summed, on AVX2:
+   vpmaddubsw's pair sums are added in 16 bits before one vpmaddwd widens them (a
+   vpmaddwd and an add fewer per vector than dpbusd_small). Exact while the sum stays
+   inside int16: n * 2 * 128 * (the largest code) <= 32767, so n = 8 for 4-bit codes
+   (30720), 4 for 5-bit ones (31744), 2 for Q6_K's 6-bit ones (32256). */
+ALWAYS_INLINE __m512i narrow_sum(const __m512i w[8], const int32_t *xr, int j0, int n) {
+    const __m256i x0 = _mm256_set1_epi32(xr[j0]);
+    __m256i lo = _mm256_maddubs_epi16(w[j0].lo, x0), hi = _mm256_maddubs_epi16(w[j0].hi, x0);
+    for (int j = j0 + 1; j < j0 + n; j++) {
+        const __m256i xj = _mm256_set1_epi32(xr[j]);
+        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(w[j].lo, xj));
+        hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(w[j].hi, xj));
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    return (__m512i){_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones)};
+}
+#endif
+
+/* sum over k of one group of the tile's codes (format fmt) times one row's int8
+   activations. */
+ALWAYS_INLINE __m512i group_dot(int fmt, const __m512i w[8], const int32_t *xr) {
+    const int small = fmt != GRID_U8;
+#ifdef RESIDENT_AVX2
+    if (fmt == GRID_U4 || fmt == GRID_Q4_K) return narrow_sum(w, xr, 0, 8);
+    if (fmt == GRID_Q5_K) return _mm512_add_epi32(narrow_sum(w, xr, 0, 4), narrow_sum(w, xr, 4, 4));
+#endif
     __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
     for (int j = 0; j < 8; j += 2) {
         s0 = DPBUSD_CODES(small, s0, w[j], _mm512_set1_epi32(xr[j]));
@@ -77,6 +102,11 @@ ALWAYS_INLINE __m512i group_dot(const __m512i w[8], const int32_t *xr, int small
 /* The same sum over the group's first 16 values (vectors 0..3) and its last 16. */
 ALWAYS_INLINE void group_dot_halves(const __m512i w[8], const int32_t *xr, __m512i *first,
                                     __m512i *second) {
+#ifdef RESIDENT_AVX2
+    *first = _mm512_add_epi32(narrow_sum(w, xr, 0, 2), narrow_sum(w, xr, 2, 2));
+    *second = _mm512_add_epi32(narrow_sum(w, xr, 4, 2), narrow_sum(w, xr, 6, 2));
+    return;
+#endif
     __m512i s[4];
     for (int i = 0; i < 4; i++) s[i] = _mm512_setzero_si512();
     for (int j = 0; j < 4; j += 2)
@@ -105,7 +135,7 @@ ALWAYS_INLINE __m512 group_row(int fmt, const __m512i w[8], GroupScales s, Int8R
         a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first), _mm512_mul_ps(s.step, dx), a);
         return _mm512_fmadd_ps(_mm512_cvtepi32_ps(second), _mm512_mul_ps(s.step2, dx), a);
     }
-    const __m512 prod = _mm512_cvtepi32_ps(group_dot(w, xr, fmt != GRID_U8));
+    const __m512 prod = _mm512_cvtepi32_ps(group_dot(fmt, w, xr));
     a = _mm512_fmadd_ps(prod, _mm512_mul_ps(s.step, dx), a);
     return _mm512_fmadd_ps(s.offset, _mm512_set1_ps(x.c[i]), a);
 }
