@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.metadata import AttentionMetadata
+from engine.layers import bf16_products
 
 PATHS = ("auto", "absorbed", "expanded")
 
@@ -136,7 +137,9 @@ def _expanded(
         latent = latent * latent_factor
     if rope_factor != 1.0:
         rope = rope * rope_factor
-    kv = F.linear(latent, kv_b_weight).view(batch, context, h, dims.nope_dim + dims.v_dim)
+    kv = bf16_products.linear(latent, kv_b_weight).view(
+        batch, context, h, dims.nope_dim + dims.v_dim
+    )
     k_nope, values = kv.split([dims.nope_dim, dims.v_dim], dim=-1)
     keys = torch.cat([k_nope, rope.unsqueeze(2).expand(-1, -1, h, -1)], dim=-1)
     queries = torch.cat([q_nope, q_rope], dim=-1)[meta.query_index]  # [B, Q, H, nope+rope]

@@ -33,10 +33,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.cpu_kernels.grid_matmul import GridFormat, pack_codes
+from engine.layers import bf16_products
 from engine.layers.cpu_matrix_path import grid_product
 from engine.layers.linear_methods import DENSE, DenseMethod, MethodLinear
 
@@ -321,7 +321,7 @@ class GridMethod(DenseMethod):
             out = packed.matmul(flat.contiguous())  # the kernel adds the bias
             return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
         if rows > self.max_packed_rows:
-            return F.linear(x, layer.weight, layer.bias)
+            return bf16_products.linear(x, layer.weight, layer.bias)
         flat = x.reshape(rows, x.shape[-1]).to(torch.bfloat16).contiguous()
         out = packed.matmul(flat)
         if layer.bias is not None:

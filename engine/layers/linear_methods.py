@@ -4,7 +4,8 @@ Every linear layer of a model (engine/layers/linear.py) forwards through
 `self.method.apply(self, x)`. The method holds whatever form the weight is
 kept in and knows how to multiply with it:
 
-- `DenseMethod`: the layer's own `weight` (BF16 or float32), one F.linear;
+- `DenseMethod`: the layer's own `weight` (BF16 or float32), one product
+  (engine/layers/bf16_products.py: float32 for many BF16 rows where torch lacks BF16 kernels);
 - `TiledMethod` (engine/layers/batch_invariant.py): the same weight in fixed
   tiles of rows, so a row's result does not depend on its batch (`--deterministic`);
 - `GridMethod` (engine/layers/cpu_grid_weights.py): 4-/8-bit grid weights
@@ -25,15 +26,16 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from engine.layers import bf16_products
 
 
 class DenseMethod:
     name = "dense"
 
     def apply(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, layer.weight, layer.bias)
+        return bf16_products.linear(x, layer.weight, layer.bias)
 
     def logits(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         """The output head's product; the model casts it to float32 after gathering

@@ -47,11 +47,11 @@ import functools
 import importlib.util
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.cpu_kernels import library as cpu_kernels
 from engine.kv.quant import FP8_DTYPE, HALF_TRICK_FACTOR, fp8_bits_to_half
+from engine.layers import bf16_products
 from engine.layers.linear_methods import DenseMethod
 from engine.weights.int4_packed import unpack_int4
 from engine.weights.packed_pieces import Fp8Piece, Int4Piece
@@ -106,7 +106,7 @@ class PackedMethod(DenseMethod):
         out = x.new_empty(*x.shape[:-1], layer.out_features)
         for start in range(0, layer.out_features, CHUNK_ROWS):
             rows = slice(start, min(start + CHUNK_ROWS, layer.out_features))
-            out[..., rows] = F.linear(x, self.dequantize(layer, rows, x.dtype))
+            out[..., rows] = bf16_products.linear(x, self.dequantize(layer, rows, x.dtype))
         return self._add_bias(layer, out)
 
     def _add_bias(self, layer: nn.Module, out: torch.Tensor) -> torch.Tensor:
@@ -226,7 +226,7 @@ class Fp8BlockMethod(PackedMethod):
             dense = fp8_block_dequantize(
                 weight[rows], scales[grid_rows], *layout, x.dtype, buffer[:count]
             )
-            out[:, rows] = F.linear(flat, dense)
+            out[:, rows] = bf16_products.linear(flat, dense)
         return self._add_bias(layer, out.reshape(*x.shape[:-1], layer.out_features))
 
     def weight_bytes(self, layer: nn.Linear) -> int:
