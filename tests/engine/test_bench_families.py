@@ -69,6 +69,20 @@ def test_engine_decode_bytes_match_a_hand_count():
     )
     assert decode_bytes(engine_held(model), top_k=2, n_routed=4) == hand
 
+    # MLA attention with latent grids (Kimi's packed k_b/v_b halves of kv_b_proj): decode
+    # reads the grids; the dense kv_b_proj it keeps beside them serves prefill only.
+    class _LatentGrid:
+        nbytes = 700
+
+    attn = nn.Module()
+    attn.kv_b_proj = _linear(64, 32)
+    attn.packed_bytes = lambda: 0 if attn.latent_grid is None else attn.latent_grid.nbytes
+    attn.latent_grid = None
+    layer.self_attn = attn
+    assert decode_bytes(engine_held(model), top_k=2, n_routed=4) == hand + 64 * 32 * 4
+    attn.latent_grid = _LatentGrid()
+    assert decode_bytes(engine_held(model), top_k=2, n_routed=4) == hand + 700
+
 
 def test_gguf_names_count_the_same_way():
     held = [

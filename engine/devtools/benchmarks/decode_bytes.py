@@ -78,14 +78,22 @@ def gguf_decode_bytes(path: Path) -> int:
 
 
 def engine_held(model) -> list[Held]:
-    """The tensors Resident's loaded `model` holds, each once. A linear layer whose
-    method keeps a packed form beside it (CPU grid weights) counts that form, not a
-    dense weight kept for many-row products: a decode step reads the packed one."""
+    """The tensors Resident's loaded `model` holds for decoding, each once. A linear layer
+    whose method keeps a packed form beside it (CPU grid weights) counts that form, not
+    a dense weight kept for many-row products: a decode step reads the packed one. So
+    for MLA attention with latent grids: its dense kv_b_proj serves prefill only."""
     from engine.layers.linear_methods import MethodLinear
 
     seen: set[int] = set()
     held = []
+    prefill_only = {
+        f"{name}.kv_b_proj"
+        for name, module in model.named_modules()
+        if getattr(module, "latent_grid", None) is not None
+    }
     for name, module in model.named_modules():
+        if name in prefill_only:
+            continue
         beside = module.method.bytes_beside(module) if isinstance(module, MethodLinear) else 0
         for param_name, param in module.named_parameters(recurse=False):
             skipped = beside and param_name == "weight"
