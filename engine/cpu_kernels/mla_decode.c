@@ -108,42 +108,56 @@ static void absorb_query(const struct mla_shape *s, const char *qn, const char *
     }
 }
 
+/* Rows whose score sums one pass keeps in registers: all 16 in AVX-512's 32 registers;
+   AVX2 has 16 half-width ones, where 16 rows' sums were written back and read again at
+   every step. A row's sum is the same either way (its own lanes, in the same order). */
+#ifdef RESIDENT_AVX2
+enum { SCORE_ROWS = 4, ACC_VECTORS = 1 };
+#else
+enum { SCORE_ROWS = SPAN, ACC_VECTORS = 4 };
+#endif
+
 /* Lane i = q . tile row i, over the padded width. */
 static inline __m512 tile_scores(const float *q, const float *tile, int64_t width) {
     __m512 part[SPAN];
-    for (int i = 0; i < SPAN; i++) part[i] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < width; c += 16) {
-        const __m512 qc = _mm512_loadu_ps(q + c);
-        for (int i = 0; i < SPAN; i++)
-            part[i] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(tile + i * width + c), part[i]);
+    for (int i0 = 0; i0 < SPAN; i0 += SCORE_ROWS) {
+        __m512 sums[SCORE_ROWS];
+        for (int i = 0; i < SCORE_ROWS; i++) sums[i] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < width; c += 16) {
+            const __m512 qc = _mm512_loadu_ps(q + c);
+            for (int i = 0; i < SCORE_ROWS; i++)
+                sums[i] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(tile + (i0 + i) * width + c), sums[i]);
+        }
+        for (int i = 0; i < SCORE_ROWS; i++) part[i0 + i] = sums[i];
     }
     return reduce16(part);
 }
 
 /* acc[g] = alpha[g] * acc[g] + sum over the tile's first n rows of p[g][i] * latent_i, for
-   GS heads, with 4 vectors of each head's accumulator in registers. */
-#define DEFINE_ACCUMULATE(GS)                                                                     \
-    static void accumulate_##GS(float *acc, const float *alpha, const float *p, const float *tile, \
-                                int64_t n, int64_t width, int64_t lat_w) {                         \
-        for (int64_t c0 = 0; c0 < lat_w; c0 += 64) {                                              \
-            __m512 a[GS][4];                                                                      \
-            for (int g = 0; g < GS; g++)                                                          \
-                for (int k = 0; k < 4; k++)                                                       \
-                    a[g][k] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * lat_w + c0 + 16 * k),      \
-                                            _mm512_set1_ps(alpha[g]));                            \
-            for (int64_t i = 0; i < n; i++) {                                                     \
-                __m512 x[4];                                                                      \
-                for (int k = 0; k < 4; k++)                                                       \
-                    x[k] = _mm512_loadu_ps(tile + i * width + c0 + 16 * k);                       \
-                for (int g = 0; g < GS; g++) {                                                    \
-                    const __m512 pg = _mm512_set1_ps(p[g * SPAN + i]);                            \
-                    for (int k = 0; k < 4; k++) a[g][k] = _mm512_fmadd_ps(pg, x[k], a[g][k]);     \
-                }                                                                                 \
-            }                                                                                     \
-            for (int g = 0; g < GS; g++)                                                          \
-                for (int k = 0; k < 4; k++)                                                       \
-                    _mm512_storeu_ps(acc + g * lat_w + c0 + 16 * k, a[g][k]);                     \
-        }                                                                                         \
+   GS heads, with ACC_VECTORS vectors of each head's accumulator in registers (4 on AVX-512;
+   1 on AVX2, whose 16 registers 4 heads' 4 vectors spilled). */
+#define DEFINE_ACCUMULATE(GS)                                                                          \
+    static void accumulate_##GS(float *acc, const float *alpha, const float *p, const float *tile,     \
+                                int64_t n, int64_t width, int64_t lat_w) {                             \
+        for (int64_t c0 = 0; c0 < lat_w; c0 += 16 * ACC_VECTORS) {                                     \
+            __m512 a[GS][ACC_VECTORS];                                                                 \
+            for (int g = 0; g < GS; g++)                                                               \
+                for (int k = 0; k < ACC_VECTORS; k++)                                                  \
+                    a[g][k] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * lat_w + c0 + 16 * k),            \
+                                            _mm512_set1_ps(alpha[g]));                                 \
+            for (int64_t i = 0; i < n; i++) {                                                          \
+                __m512 x[ACC_VECTORS];                                                                 \
+                for (int k = 0; k < ACC_VECTORS; k++)                                                  \
+                    x[k] = _mm512_loadu_ps(tile + i * width + c0 + 16 * k);                            \
+                for (int g = 0; g < GS; g++) {                                                         \
+                    const __m512 pg = _mm512_set1_ps(p[g * SPAN + i]);                                 \
+                    for (int k = 0; k < ACC_VECTORS; k++) a[g][k] = _mm512_fmadd_ps(pg, x[k], a[g][k]);\
+                }                                                                                      \
+            }                                                                                          \
+            for (int g = 0; g < GS; g++)                                                               \
+                for (int k = 0; k < ACC_VECTORS; k++)                                                  \
+                    _mm512_storeu_ps(acc + g * lat_w + c0 + 16 * k, a[g][k]);                          \
+        }                                                                                              \
     }
 
 DEFINE_ACCUMULATE(1)
