@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.metadata import AttentionMetadata
-from engine.layers import bf16_products
+from engine.host import bf16_products
 
 PATHS = ("auto", "absorbed", "expanded")
 

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from engine.cpu_kernels.grid_matmul import GridFormat, pack_codes
-from engine.layers import bf16_products
+from engine.host import bf16_products
 from engine.layers.cpu_matrix_path import grid_product
 from engine.layers.linear_methods import DENSE, DenseMethod, MethodLinear
 

@@ -5,7 +5,7 @@ Every linear layer of a model (engine/layers/linear.py) forwards through
 kept in and knows how to multiply with it:
 
 - `DenseMethod`: the layer's own `weight` (BF16 or float32), one product
-  (engine/layers/bf16_products.py: float32 for many BF16 rows where torch lacks BF16 kernels);
+  (engine/host/bf16_products.py: float32 for many BF16 rows where torch lacks BF16 kernels);
 - `TiledMethod` (engine/layers/batch_invariant.py): the same weight in fixed
   tiles of rows, so a row's result does not depend on its batch (`--deterministic`);
 - `GridMethod` (engine/layers/cpu_grid_weights.py): 4-/8-bit grid weights
@@ -28,7 +28,7 @@ from collections import Counter
 import torch
 from torch import nn
 
-from engine.layers import bf16_products
+from engine.host import bf16_products
 
 
 class DenseMethod:

@@ -50,8 +50,8 @@ import torch
 from torch import nn
 
 from engine.cpu_kernels import library as cpu_kernels
+from engine.host import bf16_products
 from engine.kv.quant import FP8_DTYPE, HALF_TRICK_FACTOR, fp8_bits_to_half
-from engine.layers import bf16_products
 from engine.layers.linear_methods import DenseMethod
 from engine.weights.int4_packed import unpack_int4
 from engine.weights.packed_pieces import Fp8Piece, Int4Piece

@@ -1,5 +1,5 @@
 """BF16 products through float32 where torch lacks BF16 matrix kernels
-(engine/layers/bf16_products.py): which rows take that path, and that its values are
+(engine/host/bf16_products.py): which rows take that path, and that its values are
 the product rounded once to BF16, against a float64 reference."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.layers import bf16_products
+from engine.host import bf16_products
 
 
 def _operands(rows: int, seed: int = 0):
