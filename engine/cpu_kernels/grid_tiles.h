@@ -89,7 +89,8 @@ ALWAYS_INLINE __m512i group_dot(int fmt, const __m512i w[8], const int32_t *xr) 
     const int small = fmt != GRID_U8;
 #ifdef RESIDENT_AVX2
     if (fmt == GRID_U4 || fmt == GRID_Q4_K) return narrow_sum(w, xr, 0, 8);
-    if (fmt == GRID_Q5_K) return _mm512_add_epi32(narrow_sum(w, xr, 0, 4), narrow_sum(w, xr, 4, 4));
+    if (fmt == GRID_Q5_K)
+        return _mm512_add_epi32(narrow_sum(w, xr, 0, 4), narrow_sum(w, xr, 4, 4));
 #endif
     __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
     for (int j = 0; j < 8; j += 2) {

@@ -126,7 +126,8 @@ static inline __m512 tile_scores(const float *q, const float *tile, int64_t widt
         for (int64_t c = 0; c < width; c += 16) {
             const __m512 qc = _mm512_loadu_ps(q + c);
             for (int i = 0; i < SCORE_ROWS; i++)
-                sums[i] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(tile + (i0 + i) * width + c), sums[i]);
+                sums[i] =
+                    _mm512_fmadd_ps(qc, _mm512_loadu_ps(tile + (i0 + i) * width + c), sums[i]);
         }
         for (int i = 0; i < SCORE_ROWS; i++) part[i0 + i] = sums[i];
     }

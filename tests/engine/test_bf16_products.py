@@ -4,6 +4,8 @@ the product rounded once to BF16, against a float64 reference."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -30,25 +32,42 @@ def slow_bf16(monkeypatch):
     monkeypatch.setattr(bf16_products, "torch_bf16_products_are_slow", lambda: True)
 
 
-def test_many_rows_are_the_product_rounded_once(slow_bf16):
+@pytest.fixture
+def computed_in(monkeypatch) -> list:
+    """The dtypes the module's products ran in (the paths can give the same bits)."""
+    seen = []
+
+    def spy(x, *args):
+        seen.append(x.dtype)
+        return F.linear(x, *args)
+
+    monkeypatch.setattr(bf16_products, "F", SimpleNamespace(linear=spy))
+    return seen
+
+
+def test_many_rows_are_the_product_rounded_once(slow_bf16, computed_in):
     x, w, b = _operands(bf16_products.FLOAT32_FROM_ROWS)
     got = bf16_products.linear(x.view(2, -1, 96), w, b)  # rows counted over every dim
+    assert computed_in == [torch.float32]
     assert got.dtype == torch.bfloat16 and got.shape == (2, x.shape[0] // 2, 80)
     # float32 sums of 96 products, then one rounding: within a BF16 ulp of the exact value
     assert _ulps_from_exact(got.view(-1, 80), x, w, b).max() <= 1.0
 
 
-def test_fewer_rows_stay_in_torchs_bf16_product(slow_bf16):
+def test_fewer_rows_stay_in_torchs_bf16_product(slow_bf16, computed_in):
     x, w, b = _operands(bf16_products.FLOAT32_FROM_ROWS - 1)
     assert torch.equal(bf16_products.linear(x, w, b), F.linear(x, w, b))
+    assert computed_in == [torch.bfloat16]
 
 
-def test_a_cpu_with_bf16_kernels_keeps_torchs_product(monkeypatch):
+def test_a_cpu_with_bf16_kernels_keeps_torchs_product(monkeypatch, computed_in):
     monkeypatch.setattr(bf16_products, "torch_bf16_products_are_slow", lambda: False)
     x, w, b = _operands(4 * bf16_products.FLOAT32_FROM_ROWS)
     assert torch.equal(bf16_products.linear(x, w, b), F.linear(x, w, b))
+    assert computed_in == [torch.bfloat16]
 
 
-def test_float32_operands_are_untouched(slow_bf16):
+def test_float32_operands_are_untouched(slow_bf16, computed_in):
     x, w, b = (t.float() for t in _operands(64))
     assert torch.equal(bf16_products.linear(x, w, b), F.linear(x, w, b))
+    assert computed_in == [torch.float32]
