@@ -92,14 +92,14 @@ int decode_layers(const DecodeModel *m, const DecodeLayer *layers, int64_t count
             }
         rope(qkv, tokens, Hq + Hkv, D, width, positions, m->cos, m->sin, m->rot_dim,
              (int)m->interleaved, threads);
-        if (m->hadamard_block) hadamard(qkv, tokens, width, width, m->hadamard_block, threads);
+        if (m->hadamard_block) hadamard(qkv, tokens, width, width, m->hadamard_block, NULL, threads);
         kv_write(qkv + qd, qkv + qd + Hkv * D, 1, tokens, Hkv, D, width, width, slot_mapping, ly->kv,
                  (int)m->kv_kind, ly->k_scale, ly->v_scale, threads);
         for (int64_t t = 0; t < tokens; t++) memcpy(q + t * qd, qkv + t * width, sizeof(uint16_t) * qd);
         status |= paged_decode(q, 1, ly->kv, (int)m->kv_kind, context_slots, lens, tokens, context_len,
                                Hq, Hkv, D, ly->k_factor, ly->v_factor, m->softmax_scale, attn, 1,
                                threads);
-        if (m->hadamard_block) hadamard(attn, tokens, qd, qd, m->hadamard_block, threads);
+        if (m->hadamard_block) hadamard(attn, tokens, qd, qd, m->hadamard_block, NULL, threads);
         status |= product(&ly->o, attn, tokens, qd, o, threads);
         rms_norm(o, x, ly->post_norm, m->eps, h, tokens, H, threads);
         if (ly->routing) {

@@ -63,15 +63,15 @@ static int attention(const MLADecodeModel *m, const MLADecodeLayer *ly, const Sc
     status |= product(&ly->q_b, s->q_a_n, T, m->q_lora, s->q, threads);
     columns(s->fused, width, m->q_lora, m->r, T, s->latent);
     rms_norm(s->latent, NULL, ly->kv_a_norm, m->eps, s->latent_n, T, m->r, threads);
-    if (m->latent_block) hadamard(s->latent_n, T, m->r, m->r, m->latent_block, threads);
+    if (m->latent_block) hadamard(s->latent_n, T, m->r, m->r, m->latent_block, NULL, threads);
     columns(s->fused, width, m->q_lora + m->r, m->rope, T, s->k_rope);
     rope(s->q + m->nope, T, H, head, H * head, positions, m->cos, m->sin, m->rope,
          (int)m->interleaved, threads);
     rope(s->k_rope, T, 1, m->rope, m->rope, positions, m->cos, m->sin, m->rope,
          (int)m->interleaved, threads);
     if (m->rope_block) {
-        hadamard(s->q + m->nope, T * H, m->rope, head, m->rope_block, threads);
-        hadamard(s->k_rope, T, m->rope, m->rope, m->rope_block, threads);
+        hadamard(s->q + m->nope, T * H, m->rope, head, m->rope_block, NULL, threads);
+        hadamard(s->k_rope, T, m->rope, m->rope, m->rope_block, NULL, threads);
     }
     mla_write(s->latent_n, s->k_rope, T, m->r, m->rope, slot_mapping, ly->rows, (int)m->kv_kind,
               ly->latent_scale, ly->rope_scale);

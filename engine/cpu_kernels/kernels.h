@@ -69,7 +69,10 @@ int moe_experts(const uint16_t *x, int64_t T, int64_t H, int64_t I, const int64_
 int rms_norm(const uint16_t *x, uint16_t *residual, const uint16_t *weight, float eps,
              uint16_t *out, int64_t rows, int64_t hidden, int threads);
 int silu_mul(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width, int threads);
-int hadamard(uint16_t *x, int64_t rows, int64_t dim, int64_t stride, int64_t block, int threads);
+int hadamard(uint16_t *x, int64_t rows, int64_t dim, int64_t stride, int64_t block,
+             const float *gain, int threads);
+int hadamard_f32(float *x, int64_t rows, int64_t dim, int64_t stride, int64_t block,
+                 const float *gain, int threads);
 int rope(uint16_t *x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t stride,
          const int64_t *positions, const float *cos_table, const float *sin_table, int64_t rot_dim,
          int interleaved, int threads);

@@ -8,7 +8,7 @@
    - rms_norm: y = w * bf16(x * rsqrt(mean(x^2) + eps)), optionally after
      x = bf16(x + residual) with the sum written back to the residual;
    - silu_mul: y = bf16(bf16(silu(gate)) * up) on a fused [gate | up] row;
-   - hadamard: y = x @ blockdiag(H) / sqrt(block) per row, in float32;
+   - hadamard: y = (x * gain) @ blockdiag(H) / sqrt(block) per row, in float32;
    - rope: NeoX or interleaved rotary on the first rot_dim values of each head. */
 #include "simd_arch.h"
 #include <math.h>
@@ -77,19 +77,22 @@ int silu_mul(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width
     return 0;
 }
 
-static void hadamard_block(uint16_t *values, int64_t block, float norm) {
+static void hadamard_block(uint16_t *values, int64_t block, float norm, const float *gain) {
     __m512 v[64]; /* block <= 1024 */
     const int64_t n = block / 16;
     for (int64_t i = 0; i < n; i++) v[i] = bf16x16_load(values + 16 * i);
+    if (gain)
+        for (int64_t i = 0; i < n; i++) v[i] = _mm512_mul_ps(v[i], _mm512_loadu_ps(gain + 16 * i));
     hadamard_vectors(v, n);
     for (int64_t i = 0; i < n; i++)
         _mm256_storeu_si256((__m256i *)(values + 16 * i),
                             bf16x16_from(_mm512_mul_ps(v[i], _mm512_set1_ps(norm))));
 }
 
-static void hadamard_block_scalar(uint16_t *values, int64_t block, float norm) {
+static void hadamard_block_scalar(uint16_t *values, int64_t block, float norm,
+                                  const float *gain) {
     float v[16];
-    for (int64_t i = 0; i < block; i++) v[i] = bf16_to_f32(values[i]);
+    for (int64_t i = 0; i < block; i++) v[i] = bf16_to_f32(values[i]) * (gain ? gain[i] : 1.0f);
     for (int64_t h = 1; h < block; h *= 2)
         for (int64_t i = 0; i < block; i += 2 * h)
             for (int64_t j = i; j < i + h; j++) {
@@ -101,19 +104,60 @@ static void hadamard_block_scalar(uint16_t *values, int64_t block, float norm) {
 }
 
 /* rows of `dim` values (row stride `stride` elements), each split into blocks of
-   `block` (a power of two, at most 1024) transformed independently; in place. */
+   `block` (a power of two, at most 1024) transformed independently; in place.
+   `gain` (float32 [dim], or NULL) multiplies each column first, in float32: folding a
+   norm's gain and the rotation into a weight's input columns is then one pass. */
 int hadamard(uint16_t *x, int64_t rows, int64_t dim, int64_t stride, int64_t block,
-             int threads) {
+             const float *gain, int threads) {
     const float norm = 1.0f / sqrtf((float)block);
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) \
     if (rows * dim >= PARALLEL_MIN)
     for (int64_t r = 0; r < rows; r++)
         for (int64_t base = 0; base < dim; base += block) {
             if (block >= 16)
-                hadamard_block(x + r * stride + base, block, norm);
+                hadamard_block(x + r * stride + base, block, norm, gain ? gain + base : NULL);
             else
-                hadamard_block_scalar(x + r * stride + base, block, norm);
+                hadamard_block_scalar(x + r * stride + base, block, norm,
+                                      gain ? gain + base : NULL);
         }
+    return 0;
+}
+
+static void hadamard_block_f32(float *values, int64_t block, float norm, const float *gain) {
+    float small[16];
+    if (block < 16) { /* the scalar butterflies, as hadamard_block_scalar's */
+        for (int64_t i = 0; i < block; i++) small[i] = values[i] * (gain ? gain[i] : 1.0f);
+        for (int64_t h = 1; h < block; h *= 2)
+            for (int64_t i = 0; i < block; i += 2 * h)
+                for (int64_t j = i; j < i + h; j++) {
+                    const float a = small[j], b = small[j + h];
+                    small[j] = a + b;
+                    small[j + h] = a - b;
+                }
+        for (int64_t i = 0; i < block; i++) values[i] = small[i] * norm;
+        return;
+    }
+    __m512 v[64]; /* block <= 1024 */
+    const int64_t n = block / 16;
+    for (int64_t i = 0; i < n; i++) {
+        v[i] = _mm512_loadu_ps(values + 16 * i);
+        if (gain) v[i] = _mm512_mul_ps(v[i], _mm512_loadu_ps(gain + 16 * i));
+    }
+    hadamard_vectors(v, n);
+    for (int64_t i = 0; i < n; i++)
+        _mm512_storeu_ps(values + 16 * i, _mm512_mul_ps(v[i], _mm512_set1_ps(norm)));
+}
+
+/* hadamard's transform on float32 rows, in place: a weight folded while it is still in
+   the float32 it was loaded in, rounded once when it is cast. */
+int hadamard_f32(float *x, int64_t rows, int64_t dim, int64_t stride, int64_t block,
+                 const float *gain, int threads) {
+    const float norm = 1.0f / sqrtf((float)block);
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) \
+    if (rows * dim >= PARALLEL_MIN)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t base = 0; base < dim; base += block)
+            hadamard_block_f32(x + r * stride + base, block, norm, gain ? gain + base : NULL);
     return 0;
 }
 

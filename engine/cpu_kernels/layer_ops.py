@@ -58,18 +58,27 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def hadamard_(x: torch.Tensor, block: int) -> torch.Tensor:
-    """x [rows, ..., dim] (last two dims contiguous, rows strided) rotated in place."""
-    _check(x, "hadamard")
+def hadamard_(x: torch.Tensor, block: int, gain: torch.Tensor | None = None) -> torch.Tensor:
+    """x [rows, ..., dim] (last two dims contiguous, rows strided) rotated in place;
+    `gain` (float32 [dim], optional) multiplies the columns first, in float32. BF16
+    values are rounded back once; float32 ones (a weight folded at load) stay float32."""
+    if x.dtype not in (torch.bfloat16, torch.float32) or x.device.type != "cpu":
+        raise ValueError("hadamard takes bfloat16 or float32 CPU tensors")
     rows_view = x.reshape(x.shape[0], -1) if x.dim() > 2 else x
     if rows_view.stride(-1) != 1 or block > MAX_HADAMARD_BLOCK or block & (block - 1):
         raise ValueError("hadamard needs unit-stride rows and a power-of-two block <= 1024")
-    library().hadamard(
+    if gain is not None:
+        gain = gain.detach().to(torch.float32).contiguous()
+        if gain.shape != (rows_view.shape[1],):
+            raise ValueError(f"hadamard's gain must be [{rows_view.shape[1]}] float32")
+    kernel = library().hadamard_f32 if x.dtype == torch.float32 else library().hadamard
+    kernel(
         rows_view.data_ptr(),
         rows_view.shape[0],
         rows_view.shape[1],
         rows_view.stride(0),
         block,
+        None if gain is None else gain.data_ptr(),
         torch.get_num_threads(),
     )
     return x

@@ -122,7 +122,8 @@ _SIGNATURES = {
     # gate_up, out, rows, width, threads
     "silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
     # x, rows, dim, stride, block, threads
-    "hadamard": [_PTR, _I64, _I64, _I64, _I64, _INT],
+    "hadamard": [_PTR, _I64, _I64, _I64, _I64, _PTR, _INT],
+    "hadamard_f32": [_PTR, _I64, _I64, _I64, _I64, _PTR, _INT],
     # x, tokens, heads, head_dim, stride, positions, cos, sin, rot_dim, interleaved, threads
     "rope": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _INT, _INT],
 }

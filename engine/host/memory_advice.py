@@ -5,8 +5,11 @@
   thread then collapses into huge pages (MADV_COLLAPSE, Linux 6.1). Decode walks
   them with fewer TLB misses: the Kimi-shaped 2B MoE decoded one stream at 56
   tok/s instead of 49 on 2 cores. Faulting them in as huge pages directly (advice
-  before writing) cost 3 s of compaction at every load, in the load's path; the
-  collapse costs the same 3 s, but beside the first requests instead of before.
+  before writing) took 3 s a GiB at every load on the 2-core VMs measured, in the
+  load's path: their free huge blocks go back to the hypervisor (free page
+  reporting) and each is backed afresh on first touch, where 4 KiB faults reuse warm
+  pages (0.44 s a GiB; huge ones 0.09 s where the blocks are warm). The collapse
+  costs the same 3 s there, but beside the first requests instead of before.
 - A mapped GGUF file is read once at load: `MappedFile` populates a range's page
   tables in one call before it is read and drops the pages once their blocks are
   packed, so the file's bytes and their packed copy are not both resident.

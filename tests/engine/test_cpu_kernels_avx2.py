@@ -6,6 +6,7 @@ the AVX2 build (RESIDENT_CPU_ISA=avx2)."""
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,17 @@ def test_an_unknown_isa_is_named_in_the_reason(monkeypatch):
     isa, reason = library._isa()
     assert isa is None
     assert "RESIDENT_CPU_ISA=sse2" in reason and "avx2" in reason
+
+
+def test_the_kernels_build_wherever_they_can():
+    """A C change that no longer compiles must fail the suite: every kernel test skips
+    where the library is unavailable, so without this the suite would pass on torch."""
+    if os.environ.get("RESIDENT_CPU_KERNELS", "1") == "0":
+        pytest.skip("kernels switched off by RESIDENT_CPU_KERNELS=0")
+    isa, _ = library._isa()
+    if isa is None or library._compiler() is None or platform.machine() != "x86_64":
+        pytest.skip("no build of the kernels fits this machine")
+    assert library.unavailable() == ""
 
 
 @pytest.mark.skipif(not os.environ.get(library.ISA_ENV), reason="no build asked for")

@@ -8,7 +8,7 @@ import torch
 
 from engine.cpu_kernels import layer_ops as kernels
 from engine.cpu_kernels import library
-from engine.kv.rotation import HadamardRotation
+from engine.kv.rotation import HadamardRotation, rotate_input_columns
 from engine.layers.layer_ops import CPU_LAYER_OPS, TORCH_LAYER_OPS
 from engine.layers.rotary import RotaryEmbedding, rope_inv_freq
 from engine.model_files.store import default_model_dir, is_complete
@@ -85,6 +85,38 @@ def test_hadamard_matches_the_reference(dim):
     assert not torch.equal(got, x)  # a new tensor; x as it was
     rotation.ops = CPU_LAYER_OPS
     assert torch.equal(rotation.rotate(x), got)
+
+
+@pytest.mark.parametrize("dim", [512, 96, 8])  # MLA's latent; 3 blocks of 32; 1 block of 8
+def test_folding_a_gain_and_the_rotation_into_a_weight_in_one_pass(dim):
+    """rotate_input_columns on a CPU weight runs the C butterflies in place, the gain
+    multiplied in float32 first: what the float32 product W diag(g) H gives, up to
+    summation order in float32 (the loaded float32 weight) or the one rounding to BF16."""
+    gen = torch.Generator().manual_seed(dim)
+    rotation = HadamardRotation(dim)
+    gain = torch.rand(dim, generator=gen) * 3 + 0.1
+    weight = torch.randn(40, dim, generator=gen)
+    exact = (weight.double() * gain.double()) @ rotation.matrix().double()
+    for dtype in (torch.float32, torch.bfloat16):
+        layer = torch.nn.Linear(dim, 40, bias=False)
+        layer.weight.data = weight.to(dtype)
+        storage = layer.weight.data_ptr()
+        rotate_input_columns(layer, 1, rotation, column_scale=gain)
+        assert layer.weight.data_ptr() == storage and layer.weight.dtype == dtype  # in place
+        if dtype == torch.float32:
+            scale = exact.abs().amax(-1, keepdim=True)
+            assert ((layer.weight.double() - exact).abs() <= 1e-6 * scale).all()
+        else:
+            _close(
+                layer.weight.data,
+                (weight.bfloat16().double() * gain.double())
+                .matmul(rotation.matrix().double())
+                .bfloat16(),
+            )
+    plain = torch.nn.Linear(dim, 40, bias=False).bfloat16()
+    plain.weight.data = weight.bfloat16()
+    rotate_input_columns(plain, 1, rotation)  # no gain: the rotation alone
+    _close(plain.weight.data, (weight.bfloat16().double() @ rotation.matrix().double()).bfloat16())
 
 
 def test_what_the_kernels_do_not_take_runs_the_reference_exactly():
