@@ -173,7 +173,7 @@ def _absorbed(
     h, r = dims.num_heads, dims.lora_rank
     per_head = kv_b_weight.view(h, dims.nope_dim + dims.v_dim, r)
     w_uk, w_uv = per_head[:, : dims.nope_dim], per_head[:, dims.nope_dim :]
-    q_latent = torch.einsum("thn,hnr->thr", q_nope, w_uk)
+    q_latent = bf16_products.einsum("thn,hnr->thr", q_nope, w_uk)
     # Dequant factors of the stored rows, moved onto the (smaller) query side.
     if latent_factor != 1.0:
         q_latent = q_latent * latent_factor
@@ -194,7 +194,7 @@ def _absorbed(
         scale=scale,
         enable_gqa=True,
     )[..., :r]  # [B, H, Q, r]
-    out = torch.einsum("bhqr,hvr->bqhv", out_latent, w_uv)
+    out = bf16_products.einsum("bhqr,hvr->bqhv", out_latent, w_uv)
     if latent_factor != 1.0:
         out = out * latent_factor
     return out

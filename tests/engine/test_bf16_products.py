@@ -71,3 +71,32 @@ def test_float32_operands_are_untouched(slow_bf16, computed_in):
     x, w, b = (t.float() for t in _operands(64))
     assert torch.equal(bf16_products.linear(x, w, b), F.linear(x, w, b))
     assert computed_in == [torch.float32]
+
+
+@pytest.mark.parametrize("slow", [True, False])
+def test_einsums_run_in_float32_on_cpus_without_bf16_kernels(monkeypatch, slow):
+    """MLA's absorbed products: float32 sums rounded once where BF16 kernels are missing
+    (within a BF16 ulp of the exact value), torch's own BF16 einsum where they exist."""
+    monkeypatch.setattr(bf16_products, "torch_bf16_products_are_slow", lambda: slow)
+    seen = []
+
+    def spy(equation, *operands):
+        seen.append(operands[0].dtype)
+        return torch.einsum(equation, *operands)
+
+    monkeypatch.setattr(
+        bf16_products,
+        "torch",
+        SimpleNamespace(
+            einsum=spy, **{name: getattr(torch, name) for name in ("bfloat16", "float32")}
+        ),
+    )
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(5, 4, 32, generator=g).bfloat16()
+    w = torch.randn(4, 32, 64, generator=g).bfloat16()
+    got = bf16_products.einsum("thn,hnr->thr", q, w)
+    assert got.dtype == torch.bfloat16 and got.shape == (5, 4, 64)
+    assert seen == [torch.float32 if slow else torch.bfloat16]
+    exact = torch.einsum("thn,hnr->thr", q.double(), w.double())
+    ulp = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 7)
+    assert ((got.double() - exact).abs() / ulp).max() <= (1.0 if slow else 4.0)
