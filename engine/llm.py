@@ -15,6 +15,7 @@ from engine.chat import ParsedChatMessage
 from engine.config import EngineConfig, engine_settings
 from engine.core.llm_engine import LLMEngine
 from engine.errors import EngineError, KVCapacityError
+from engine.host.memory_advice import start_up_finished
 from engine.kv.quant import CALIBRATION_MARGIN
 from engine.kv.scales import scales_document, write_scales_file
 from engine.rendering import ChatRenderer, RenderedChat
@@ -67,6 +68,7 @@ class LLM:
             )
         )
         self.engine = LLMEngine(self.config)
+        start_up_finished()  # the engine is built: background work may begin
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:

@@ -9,7 +9,10 @@
   load's path: their free huge blocks go back to the hypervisor (free page
   reporting) and each is backed afresh on first touch, where 4 KiB faults reuse warm
   pages (0.44 s a GiB; huge ones 0.09 s where the blocks are warm). The collapse
-  costs the same 3 s there, but beside the first requests instead of before.
+  costs the same 3 s there, but beside the first requests instead of before; it
+  waits for the process to say its start-up is over (`start_up_finished`: a server
+  about to serve, a library's LLM built), since beside start-up's own work it made
+  a 2B Kimi-shaped server answer its first request 0.8 s later (2 cores).
 - A mapped GGUF file is read once at load: `MappedFile` populates a range's page
   tables in one call before it is read and drops the pages once their blocks are
   packed, so the file's bytes and their packed copy are not both resident.
@@ -37,6 +40,10 @@ MADV_POPULATE_WRITE = 23  # Linux 5.14
 MADV_COLLAPSE = 25  # Linux 6.1
 ALIGNMENT = 64  # bytes: every piece starts on a cache line, as torch's allocator gives
 _CHUNK = 256 << 20
+# Set once the process's start-up is over; deferred background work waits for it, or at
+# most _START_WAIT_S, so an embedder that never says still gets it.
+_STARTED = threading.Event()
+_START_WAIT_S = 5.0
 log = logging.getLogger(__name__)
 
 
@@ -96,11 +103,12 @@ class PackedArena:
 
     def collapse_in_background(self) -> threading.Thread:
         """Collapse the chunks written so far into huge pages from a daemon thread (the
-        GIL is released in madvise). The thread lets go of each chunk once it is done
+        GIL is released in madvise), once start-up is over (`start_up_finished`). The thread lets go of each chunk once it is done
         with it: a model dropped meanwhile is freed a few seconds late at most."""
         chunks, self._chunks, self._chunk = self._chunks, [], None
 
         def collapse() -> None:
+            _STARTED.wait(_START_WAIT_S)
             start, done, total = time.perf_counter(), 0, len(chunks)
             while chunks:
                 chunk = chunks.pop(0)
@@ -116,6 +124,12 @@ class PackedArena:
         thread = threading.Thread(target=collapse, name="resident-huge-pages", daemon=True)
         thread.start()
         return thread
+
+
+def start_up_finished() -> None:
+    """Say this process has finished starting: background work deferred until then (the
+    packed weights' collapse into huge pages) begins now."""
+    _STARTED.set()
 
 
 class MappedFile:

@@ -19,6 +19,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig, unknown_choice
+from engine.host.memory_advice import start_up_finished
 from engine.server.options import (
     API_KEY_ENV,
     SERVE_SETTINGS,
@@ -304,6 +305,7 @@ def serve(options: ServeOptions) -> int:
             log_level=options.log_level,
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
         )
+        start_up_finished()  # what waited for the server to be up (huge-page collapse)
         with _sigterm_ends_run():
             uvicorn.Server(config).run(sockets=[listener])
         save_prefixes(engine)

@@ -4,10 +4,21 @@ quietly where the kernel refuses it."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
-from engine.host.memory_advice import ALIGNMENT, MappedFile, PackedArena, advise, return_free_memory
+from engine.host.memory_advice import (
+    ALIGNMENT,
+    MappedFile,
+    PackedArena,
+    advise,
+    return_free_memory,
+    start_up_finished,
+)
+
+start_up_finished()  # this process is up: the collapses below need not wait
 
 
 def test_pieces_are_aligned_and_apart_and_survive_the_collapse():
@@ -58,3 +69,20 @@ def test_refused_advice_is_only_a_false():
     assert advise(0, 10, 4) is False  # less than a whole page
     assert advise(4096, 4096, 12345) is False  # no such advice
     return_free_memory()
+
+
+def test_the_collapse_waits_until_start_up_is_finished(monkeypatch):
+    """Beside start-up's own work the collapse slowed it; it begins once the process
+    says start-up is over (or after a bound, for embedders that never say)."""
+    from engine.host import memory_advice
+
+    monkeypatch.setattr(memory_advice, "_STARTED", threading.Event())
+    monkeypatch.setattr(memory_advice, "_START_WAIT_S", 60.0)
+    arena = PackedArena(chunk_bytes=2 << 20)
+    arena.take(1024, torch.uint8).fill_(3)
+    thread = arena.collapse_in_background()
+    thread.join(timeout=0.3)
+    assert thread.is_alive()  # still waiting
+    memory_advice.start_up_finished()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
