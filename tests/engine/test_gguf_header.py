@@ -104,8 +104,29 @@ def _string(text: bytes) -> bytes:
         (_header(_string(b"k"), struct.pack("<IIQ", 9, 4, 2**59)), "past the end"),
         (_header(_string(b"\xff\xfe"), struct.pack("<IB", 0, 1)), "decode"),
         (b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + _string(b"t") + struct.pack("<I", 1), "unpack"),
+        # string arrays (a vocabulary): a string longer than the file, a cut-off length,
+        # bytes that are not UTF-8
+        (
+            _header(
+                _string(b"k"), struct.pack("<IIQ", 9, 8, 2), _string(b"a"), struct.pack("<Q", 2**40)
+            ),
+            "past the end",
+        ),
+        (_header(_string(b"k"), struct.pack("<IIQ", 9, 8, 3), _string(b"a"), b"\x01"), "unpack"),
+        (_header(_string(b"k"), struct.pack("<IIQ", 9, 8, 1), _string(b"\xc3")), "decode"),
     ],
-    ids=["v1", "big-endian", "value-type", "key-length", "array-length", "utf8", "cut-info"],
+    ids=[
+        "v1",
+        "big-endian",
+        "value-type",
+        "key-length",
+        "array-length",
+        "utf8",
+        "cut-info",
+        "vocab-string-length",
+        "vocab-cut",
+        "vocab-utf8",
+    ],
 )
 def test_damaged_headers_are_refused_with_a_reason(tmp_path, content, message):
     path = tmp_path / "bad.gguf"
