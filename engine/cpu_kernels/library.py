@@ -121,7 +121,7 @@ _SIGNATURES = {
     "rms_norm": [_PTR, _PTR, _PTR, _FLOAT, _PTR, _I64, _I64, _INT],
     # gate_up, out, rows, width, threads
     "silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
-    # x, rows, dim, stride, block, threads
+    # x, rows, dim, stride, block, gain (float32 [dim] or NULL), threads
     "hadamard": [_PTR, _I64, _I64, _I64, _I64, _PTR, _INT],
     "hadamard_f32": [_PTR, _I64, _I64, _I64, _I64, _PTR, _INT],
     # x, tokens, heads, head_dim, stride, positions, cos, sin, rot_dim, interleaved, threads

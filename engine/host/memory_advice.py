@@ -103,8 +103,9 @@ class PackedArena:
 
     def collapse_in_background(self) -> threading.Thread:
         """Collapse the chunks written so far into huge pages from a daemon thread (the
-        GIL is released in madvise), once start-up is over (`start_up_finished`). The thread lets go of each chunk once it is done
-        with it: a model dropped meanwhile is freed a few seconds late at most."""
+        GIL is released in madvise), once start-up is over (`start_up_finished`). The
+        thread lets go of each chunk once it is done with it: a model dropped meanwhile
+        is freed a few seconds late at most."""
         chunks, self._chunks, self._chunk = self._chunks, [], None
 
         def collapse() -> None:

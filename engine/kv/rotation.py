@@ -157,11 +157,11 @@ def rotate_input_columns(
 def _fold_in_one_pass(
     weight: torch.Tensor, width: int, block: int, column_scale: torch.Tensor | None
 ) -> bool:
-    """W diag(g) H by the C kernels' butterflies, in place on a float32 or BF16 CPU weight,
-    row by row in float32 (the torch product's arithmetic up to summation order; BF16
-    rounded once); False where they cannot (another device or dtype, no kernels). The product, its float32
-    copies and their fresh pages were most of an MLA model's rotation at start: 0.77 s of
-    a 2B Kimi-shaped model's start on 2 cores, against 0.07 s here."""
+    """W diag(g) H by the C kernels' butterflies, in place on a float32 or BF16 CPU
+    weight, row by row in float32 (the torch product's arithmetic up to summation
+    order; BF16 rounded once); False where they cannot (another device or dtype, no
+    kernels). The product, its float32 copies and their fresh pages took 0.77 s of a
+    2B Kimi-shaped model's start on 2 cores; this pass takes 0.02 s."""
     if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
         return False
     if not weight.is_contiguous() or weight.shape[-1] != width:
