@@ -27,7 +27,12 @@ def serve(**given: Any) -> None:
     from engine.server.launch import ServeUsageError, check_options
     from engine.server.launch import serve as run_server
 
-    logging.getLogger("resident.serve").setLevel(logging.INFO)
+    if not logging.getLogger().handlers:  # `resident-engine serve`; `resident` sets its own
+        logging.basicConfig(level=logging.WARNING)
+    # What the server says while it starts: what it holds, where it listens, and a first
+    # start's FP8 KV calibration (seconds to tens of seconds on a CPU, silent otherwise).
+    for name in ("resident.serve", "engine.kv.calibration"):
+        logging.getLogger(name).setLevel(logging.INFO)
     options = ServeOptions(**given)
     try:
         check_options(options)

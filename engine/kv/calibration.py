@@ -198,6 +198,14 @@ def calibrate_without_fixed_scales(llm: CalibrationTarget) -> dict | None:
     if document is not None:
         return_free_memory()  # what setting the engine up freed
         return document
+    # Seconds to tens of seconds on a CPU: say so, or a first start looks hung.
+    log.info(
+        "FP8 KV scales: calibrating on a built-in sample (up to %d windows of %d tokens), "
+        "once for this model and engine; later starts read them from %s",
+        SAMPLE_WINDOWS,
+        SAMPLE_WINDOW,
+        cached,
+    )
     document = calibrate_on_texts(
         llm,
         builtin_sample_texts(),

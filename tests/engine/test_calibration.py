@@ -128,7 +128,7 @@ def test_a_short_first_prefill_warns_that_it_sets_the_scales(tiny_llama_dir, cap
 
 
 def test_a_second_start_reads_the_sample_scales_the_first_start_cached(
-    tiny_llama_dir, tmp_path, monkeypatch
+    tiny_llama_dir, tmp_path, monkeypatch, caplog
 ):
     """The sample's scales depend on the weights and the numerics only: a later start of
     the same model takes them from the cache, without prefilling the sample."""
@@ -144,9 +144,12 @@ def test_a_second_start_reads_the_sample_scales_the_first_start_cached(
         engine.shutdown()
         return engine.engine
 
-    first = start()
+    with caplog.at_level("INFO", logger=calibration.__name__):
+        first = start()
     cached = calibration.sample_scales_path(first)
     assert cached.is_file() and first.pool.scale_source == "sample"
+    # The first start says it calibrates (seconds on a CPU) and where the scales go.
+    assert "calibrating on a built-in sample" in caplog.text and str(cached) in caplog.text
     prefills = []
     real = calibration.calibrate_on_texts
     monkeypatch.setattr(
