@@ -89,10 +89,8 @@ static void hadamard_block(uint16_t *values, int64_t block, float norm, const fl
                             bf16x16_from(_mm512_mul_ps(v[i], _mm512_set1_ps(norm))));
 }
 
-static void hadamard_block_scalar(uint16_t *values, int64_t block, float norm,
-                                  const float *gain) {
-    float v[16];
-    for (int64_t i = 0; i < block; i++) v[i] = bf16_to_f32(values[i]) * (gain ? gain[i] : 1.0f);
+/* The unnormalised Walsh-Hadamard butterflies on a block of fewer than 16 floats. */
+static void butterflies_scalar(float *v, int64_t block) {
     for (int64_t h = 1; h < block; h *= 2)
         for (int64_t i = 0; i < block; i += 2 * h)
             for (int64_t j = i; j < i + h; j++) {
@@ -100,6 +98,13 @@ static void hadamard_block_scalar(uint16_t *values, int64_t block, float norm,
                 v[j] = a + b;
                 v[j + h] = a - b;
             }
+}
+
+static void hadamard_block_scalar(uint16_t *values, int64_t block, float norm,
+                                  const float *gain) {
+    float v[16];
+    for (int64_t i = 0; i < block; i++) v[i] = bf16_to_f32(values[i]) * (gain ? gain[i] : 1.0f);
+    butterflies_scalar(v, block);
     for (int64_t i = 0; i < block; i++) values[i] = f32_to_bf16(v[i] * norm);
 }
 
@@ -124,17 +129,10 @@ int hadamard(uint16_t *x, int64_t rows, int64_t dim, int64_t stride, int64_t blo
 }
 
 static void hadamard_block_f32(float *values, int64_t block, float norm, const float *gain) {
-    float small[16];
-    if (block < 16) { /* the scalar butterflies, as hadamard_block_scalar's */
-        for (int64_t i = 0; i < block; i++) small[i] = values[i] * (gain ? gain[i] : 1.0f);
-        for (int64_t h = 1; h < block; h *= 2)
-            for (int64_t i = 0; i < block; i += 2 * h)
-                for (int64_t j = i; j < i + h; j++) {
-                    const float a = small[j], b = small[j + h];
-                    small[j] = a + b;
-                    small[j + h] = a - b;
-                }
-        for (int64_t i = 0; i < block; i++) values[i] = small[i] * norm;
+    if (block < 16) {
+        for (int64_t i = 0; i < block; i++) values[i] *= gain ? gain[i] : 1.0f;
+        butterflies_scalar(values, block);
+        for (int64_t i = 0; i < block; i++) values[i] *= norm;
         return;
     }
     __m512 v[64]; /* block <= 1024 */

@@ -31,15 +31,19 @@ def torch_bf16_products_are_slow() -> bool:
         return False
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """F.linear, through float32 for many BF16 rows on a CPU without BF16 kernels."""
-    if (
+def _slow_bf16_pair(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Both operands BF16 on a CPU where torch multiplies BF16 slowly."""
+    return (
         x.dtype == torch.bfloat16
         and weight.dtype == torch.bfloat16
         and x.device.type == "cpu"
-        and x.numel() >= FLOAT32_FROM_ROWS * x.shape[-1]
         and torch_bf16_products_are_slow()
-    ):
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """F.linear, through float32 for many BF16 rows on a CPU without BF16 kernels."""
+    if x.numel() >= FLOAT32_FROM_ROWS * x.shape[-1] and _slow_bf16_pair(x, weight):
         bias = None if bias is None else bias.float()
         return F.linear(x.float(), weight.float(), bias).to(torch.bfloat16)
     return F.linear(x, weight, bias)
@@ -52,11 +56,6 @@ def einsum(equation: str, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     a cached prefix) on a Kimi-shaped layer, 16 heads: 2.6 ms in BF16 against 0.6
     through float32 for one token, 59 against 2.2 for 32 tokens (2 Zen 3 cores); it
     was most of a follow-up turn's prefill there. Rounded to BF16 once."""
-    if (
-        x.dtype == torch.bfloat16
-        and weight.dtype == torch.bfloat16
-        and x.device.type == "cpu"
-        and torch_bf16_products_are_slow()
-    ):
+    if _slow_bf16_pair(x, weight):
         return torch.einsum(equation, x.float(), weight.float()).to(torch.bfloat16)
     return torch.einsum(equation, x, weight)

@@ -119,7 +119,8 @@ def check_shapes(plans: Iterable[TensorPlan], shapes: dict[str, tuple[int, ...]]
                 problems.append(f"{plan.name}: no GGUF tensor {piece.source}")
                 continue
             rows, columns = row_view_shape(shapes[piece.source])
-            if len(piece.rows) and (_lowest(piece.rows) < 0 or _highest(piece.rows) >= rows):
+            low, high = _row_bounds(piece.rows)
+            if len(piece.rows) and (low < 0 or high >= rows):
                 problems.append(f"{plan.name}: rows outside {piece.source}'s {rows}")
             blocks.append(piece.shape(columns))
         if len({columns for _, columns in blocks}) > 1:
@@ -129,18 +130,19 @@ def check_shapes(plans: Iterable[TensorPlan], shapes: dict[str, tuple[int, ...]]
             if size != math.prod(plan.shape):
                 problems.append(
                     f"{plan.name}: the pieces hold {size} values, the shape {plan.shape} "
-                    f"needs {int(np.prod(plan.shape))}"
+                    f"needs {math.prod(plan.shape)}"
                 )
     return problems
 
 
-def _lowest(rows) -> int:
-    """min(rows), without walking a range (a model's expert pieces: 0.2 s a start)."""
-    return min(rows[0], rows[-1]) if isinstance(rows, range) else min(rows)
-
-
-def _highest(rows) -> int:
-    return max(rows[0], rows[-1]) if isinstance(rows, range) else max(rows)
+def _row_bounds(rows: Rows) -> tuple[int, int]:
+    """(min, max) of the rows, a range's from its ends without walking it (a model's
+    expert pieces: 0.2 s a start); (0, -1) for none."""
+    if not len(rows):
+        return 0, -1
+    if isinstance(rows, range):
+        return min(rows[0], rows[-1]), max(rows[0], rows[-1])
+    return min(rows), max(rows)
 
 
 def materialize(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 import torch
 
 from engine.host.memory_advice import (
@@ -18,7 +19,15 @@ from engine.host.memory_advice import (
     start_up_finished,
 )
 
-start_up_finished()  # this process is up: the collapses below need not wait
+
+@pytest.fixture(autouse=True)
+def started(monkeypatch):
+    """A start-up already over: the collapses below need not wait (a test that does
+    wait gives itself a fresh event)."""
+    from engine.host import memory_advice
+
+    monkeypatch.setattr(memory_advice, "_STARTED", threading.Event())
+    start_up_finished()
 
 
 def test_pieces_are_aligned_and_apart_and_survive_the_collapse():
