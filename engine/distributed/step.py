@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.host.memory_advice import step_running
+
 STEP = "step"
 PING = "ping"  # keeps an idle group inside its collective timeout
 PING_INTERVAL_S = 10.0  # how often rank 0 pings an idle group
@@ -115,11 +117,12 @@ def rebuild_batch(message: StepMessage) -> list[WorkerItem]:
 def run_step(runner, batch, want: set[int], deterministic: bool):
     """One forward step; in deterministic mode on one thread, so no reduction is split
     across threads differently for different batch shapes."""
-    if not deterministic:
-        return runner.run(batch, want)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return runner.run(batch, want)
-    finally:
-        torch.set_num_threads(threads)
+    with step_running():  # background page work waits for a quiet moment
+        if not deterministic:
+            return runner.run(batch, want)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return runner.run(batch, want)
+        finally:
+            torch.set_num_threads(threads)

@@ -5,6 +5,7 @@ quietly where the kernel refuses it."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -95,3 +96,53 @@ def test_the_collapse_waits_until_start_up_is_finished(monkeypatch):
     memory_advice.start_up_finished()
     thread.join(timeout=60)
     assert not thread.is_alive()
+
+
+def _collapse_calls(monkeypatch) -> list[float]:
+    """Record when the collapse thread advises, instead of advising."""
+    from engine.host import memory_advice
+
+    calls: list[float] = []
+    advise_now = memory_advice.advise
+
+    def advise(address: int, length: int, advice: int) -> bool:
+        if advice != memory_advice.MADV_COLLAPSE:
+            return advise_now(address, length, advice)
+        calls.append(time.monotonic())
+        return True
+
+    monkeypatch.setattr(memory_advice, "advise", advise)
+    return calls
+
+
+def test_the_collapse_waits_for_a_step_to_end(monkeypatch):
+    from engine.host import memory_advice
+
+    monkeypatch.setattr(memory_advice, "_MOST_DEFERRED_S", 30.0)
+    calls = _collapse_calls(monkeypatch)
+    arena = PackedArena(chunk_bytes=4 << 20)
+    arena.take(1 << 20, torch.uint8)
+    with memory_advice.step_running():
+        thread = arena.collapse_in_background()
+        time.sleep(0.6)  # a long step: quiet time passes, but the step is still running
+        assert calls == []
+    ended = time.monotonic()
+    thread.join(timeout=10)
+    assert len(calls) == 1 and calls[0] >= ended + memory_advice._QUIET_S
+
+
+def test_steady_steps_still_let_the_collapse_through(monkeypatch):
+    from engine.host import memory_advice
+
+    monkeypatch.setattr(memory_advice, "_MOST_DEFERRED_S", 0.3)
+    monkeypatch.setattr(memory_advice, "_PIECE", 2 << 20)
+    calls = _collapse_calls(monkeypatch)
+    arena = PackedArena(chunk_bytes=4 << 20)
+    arena.take(3 << 20, torch.uint8)
+    thread = arena.collapse_in_background()
+    began = time.monotonic()
+    while thread.is_alive() and time.monotonic() - began < 10:
+        with memory_advice.step_running():  # back-to-back steps, never a quiet span
+            time.sleep(0.01)
+    assert len(calls) == 2  # 4 MiB in 2 MiB pieces, each after at most the deferral
+    assert calls[0] - began >= 0.25
