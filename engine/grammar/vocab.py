@@ -47,9 +47,9 @@ def special_token_ids(tokenizer: Any) -> set[int]:
 
 
 def _hf_vocab(tokenizer: Any, vocab_size: int, stops: list[int]) -> tuple[list[bytes], bool]:
-    info = xgr.TokenizerInfo.from_huggingface(
-        tokenizer, vocab_size=vocab_size, stop_token_ids=stops
-    )
+    # A tokenizer read back from its snapshot hands over its transformers twin.
+    hf = getattr(tokenizer, "as_transformers", tokenizer)
+    info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=stops)
     return list(info.decoded_vocab), info.add_prefix_space
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from engine.errors import EngineError
+from engine.host.cache_root import cache_root
 from engine.host.memory_advice import return_free_memory
-from engine.kv.disk_tier import default_root
 from engine.kv.pool_base import PagedPoolBase
 from engine.kv.prefix_tier_parts import FingerprintFacts, fingerprint_of
 from engine.kv.quant import CALIBRATION_MARGIN
@@ -230,8 +230,7 @@ def sample_scales_path(engine: _CalibratedEngine) -> Path:
     fingerprint, _ = fingerprint_of(engine.fingerprint_facts, engine.pool.granularity)
     sample = hashlib.sha256("\0".join(builtin_sample_texts()).encode())
     sample.update(f"{SAMPLE_WINDOW}/{SAMPLE_WINDOWS}/{CALIBRATION_MARGIN}".encode())
-    # Beside the KV disk tier's folder: RESIDENT_CACHE_DIR or the user cache's resident/.
-    return default_root().parent / "kv_scales" / f"{fingerprint}-{sample.hexdigest()[:16]}.json"
+    return cache_root() / "kv_scales" / f"{fingerprint}-{sample.hexdigest()[:16]}.json"
 
 
 def _read_cached(path: Path, pool: PagedPoolBase) -> dict | None:

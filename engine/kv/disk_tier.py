@@ -46,6 +46,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.host.cache_root import cache_root
 from engine.kv.disk_files import SUFFIX, evict, page_depth, remove_stale_temporaries, write_atomic
 
 log = logging.getLogger(__name__)
@@ -55,12 +56,7 @@ DIGEST = 32
 
 def default_root() -> Path:
     """RESIDENT_CACHE_DIR/kv, else the user cache dir's resident/kv."""
-    override = os.environ.get("RESIDENT_CACHE_DIR")
-    if override:
-        return Path(override) / "kv"
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("resident")) / "kv"
+    return cache_root() / "kv"
 
 
 def _hash(*parts: bytes) -> bytes:

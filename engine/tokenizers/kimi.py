@@ -30,8 +30,8 @@ from tokenizers import AddedToken
 
 from engine.errors import CheckpointError
 from engine.tokenizers.byte_pieces import bytes_to_piece, piece_to_bytes
-from engine.tokenizers.chat_template import render_chat_template
 from engine.tokenizers.ranks import read_ranks
+from engine.tokenizers.template_chat import ChatTemplates
 
 RANKS_FILE = "tiktoken.model"
 
@@ -90,7 +90,7 @@ def _deep_sorted(value: Any) -> Any:
     return value
 
 
-class KimiTokenizer:
+class KimiTokenizer(ChatTemplates):
     def __init__(
         self,
         ranks: dict[bytes, int],
@@ -299,59 +299,8 @@ class KimiTokenizer:
 
     # ----- chat --------------------------------------------------------------------
 
-    def get_chat_template(self, chat_template: str | None = None, tools: list | None = None) -> str:
-        """The template to render: a named one, the given text, or the checkpoint's default."""
-        templates = self.chat_template
-        if isinstance(templates, dict):
-            if chat_template in templates:
-                return templates[chat_template]
-            if chat_template is None:
-                name = "tool_use" if tools is not None and "tool_use" in templates else "default"
-                if name not in templates:
-                    raise ValueError(f"no default among the chat templates {sorted(templates)}")
-                return templates[name]
-        if chat_template is not None:
-            return chat_template
-        if templates is None:
-            raise ValueError(f"{self.name_or_path or 'this tokenizer'} has no chat template")
-        return templates
-
-    def apply_chat_template(
-        self,
-        conversation: list,
-        tools: list | None = None,
-        documents: list | None = None,
-        chat_template: str | None = None,
-        add_generation_prompt: bool = False,
-        continue_final_message: bool | str = False,
-        tokenize: bool = True,
-        return_dict: bool = True,
-        **kwargs: Any,
-    ):
-        """The conversation rendered with the checkpoint's template, as text or token ids.
-
-        Returns like transformers 5: text when `tokenize=False`; otherwise a
-        BatchEncoding (`input_ids`, `attention_mask`), or the ids alone with
-        `return_dict=False`. Other keyword arguments reach the template.
-        """
-        template = self.get_chat_template(chat_template, tools)
-        text = render_chat_template(
-            template,
-            conversation,
-            tools=None if tools is None else _deep_sorted(list(tools)),
-            documents=documents,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            **{**self.special_tokens_map, **kwargs},
-        )
-        if not tokenize:
-            return text
-        ids = self.encode(text, add_special_tokens=False)
-        if not return_dict:
-            return ids
-        from transformers import BatchEncoding
-
-        return BatchEncoding({"input_ids": ids, "attention_mask": [1] * len(ids)})
+    def template_tools(self, tools: list) -> list:
+        return _deep_sorted(tools)
 
     def __repr__(self) -> str:
         return f"KimiTokenizer({self.name_or_path!r}, vocab_size={self.vocab_size})"
