@@ -15,8 +15,9 @@
   server answer its first request 0.8 s later (2 cores). It then works in pieces of
   32 MiB while no step runs (`step_running`, around every step of every rank): beside
   a step it takes a core from the kernels' threads, and a 0.85B Llama answered its
-  first request 0.6 s later with it. Under steady load it still takes one piece
-  every 2 s, so a busy server gets its huge pages too.
+  first request 0.6 s later with it. Under steady load it still takes a piece
+  every 0.5 s (a tenth of a core, 16 s for 1 GiB), so a busy server gets its huge
+  pages too.
 - A mapped GGUF file is read once at load: `MappedFile` populates a range's page
   tables in one call before it is read and drops the pages once their blocks are
   packed, so the file's bytes and their packed copy are not both resident.
@@ -52,7 +53,7 @@ _STARTED = threading.Event()
 _START_WAIT_S = 5.0
 _PIECE = 32 << 20  # bytes a collapse call takes: about 0.1 s where blocks are cold
 _QUIET_S = 0.25  # no step for this long: the engine is idle
-_MOST_DEFERRED_S = 2.0  # under steady load, a piece at least this often
+_MOST_DEFERRED_S = 0.5  # under steady load, a piece at least this often
 # time.monotonic() when the latest step began and ended (start-up's end counts as one)
 _step_began = _step_ended = 0.0
 log = logging.getLogger(__name__)
