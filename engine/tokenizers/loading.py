@@ -79,17 +79,21 @@ def _fast_tokenizer(model_dir: Path):
 
     hf = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
     snapshot = take_snapshot(hf)
+    try:
+        text = json.dumps(snapshot)
+    except (TypeError, ValueError):  # an attribute JSON cannot hold: keep transformers'
+        snapshot = None
     if snapshot is None:
         return hf
-    tokenizer = SnapshotTokenizer(snapshot)  # what every later start gets, from the first
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{os.getpid()}")
-        partial.write_text(json.dumps(snapshot))
+        partial.write_text(text)
         os.replace(partial, path)
     except OSError as error:
         log.info("tokenizer snapshot not kept at %s (%s)", path, error)
-    return tokenizer
+    # From the JSON, as every later start reads it: the first start behaves as they do.
+    return SnapshotTokenizer(json.loads(text))
 
 
 def snapshot_path(model_dir: Path) -> Path:

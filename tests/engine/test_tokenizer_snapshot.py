@@ -299,3 +299,12 @@ def test_behaviour_outside_the_backend_keeps_transformers(tmp_path):
     loaded = load_tokenizer(folder)
     assert isinstance(loaded, PreTrainedTokenizerFast)
     assert not snapshot_path(folder).exists()
+
+
+def test_a_snapshot_json_cannot_hold_keeps_transformers(tmp_path, monkeypatch):
+    from engine.tokenizers import loading
+
+    folder = _chatml(tmp_path)
+    monkeypatch.setattr(loading, "take_snapshot", lambda hf: {"format": 1, "odd": object()})
+    assert isinstance(load_tokenizer(folder), PreTrainedTokenizerFast)
+    assert not snapshot_path(folder).exists()
