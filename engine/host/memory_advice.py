@@ -55,6 +55,7 @@ _START_WAIT_S = 5.0
 _PIECE = 32 << 20  # bytes a collapse call takes: about 0.1 s where blocks are cold
 _QUIET_S = 0.25  # no step for this long: the engine is idle
 _PATIENCE_S = 1.0  # the most the collapse waits for quiet moments, in all
+_COLLAPSES: list[threading.Thread] = []  # started collapse threads, for `pages_settled`
 # time.monotonic() when the latest step began and ended (start-up's end counts as one)
 _step_began = _step_ended = 0.0
 log = logging.getLogger(__name__)
@@ -142,6 +143,7 @@ class PackedArena:
 
         thread = threading.Thread(target=collapse, name="resident-huge-pages", daemon=True)
         thread.start()
+        _COLLAPSES.append(thread)
         return thread
 
 
@@ -151,6 +153,16 @@ def start_up_finished() -> None:
     global _step_ended
     _step_ended = time.monotonic()  # a server's first request comes at once: leave it room
     _STARTED.set()
+
+
+def pages_settled(timeout: float = 60.0) -> bool:
+    """Wait until every packed-weight collapse has finished (at most `timeout` seconds);
+    whether they all have. For measuring steady decode speed, not start-up's."""
+    deadline = time.monotonic() + timeout
+    for thread in list(_COLLAPSES):
+        thread.join(max(0.0, deadline - time.monotonic()))
+    _COLLAPSES[:] = [thread for thread in _COLLAPSES if thread.is_alive()]
+    return not _COLLAPSES
 
 
 @contextmanager

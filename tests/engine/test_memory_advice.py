@@ -147,3 +147,16 @@ def test_steady_steps_still_let_the_collapse_through(monkeypatch):
     assert len(calls) == 4  # 8 MiB in 2 MiB pieces: patience spent, then one after another
     assert calls[0] - began >= 0.25
     assert calls[-1] - calls[0] < 0.2
+
+
+def test_pages_settle_once_every_collapse_is_done(monkeypatch):
+    from engine.host import memory_advice
+
+    monkeypatch.setattr(memory_advice, "_COLLAPSES", [])
+    calls = _collapse_calls(monkeypatch)
+    arena = PackedArena(chunk_bytes=2 << 20)
+    arena.take(1024, torch.uint8)
+    with memory_advice.step_running():  # the collapse waits while a step runs
+        thread = arena.collapse_in_background()
+        assert not memory_advice.pages_settled(timeout=0.1) and thread.is_alive()
+    assert memory_advice.pages_settled(timeout=10) and len(calls) == 1

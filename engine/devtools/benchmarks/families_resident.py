@@ -123,11 +123,15 @@ def worker(model: str, threads: int, top_k: int, n_routed: int) -> None:
     torch.set_num_threads(threads)
     from engine import LLM
     from engine.devtools.benchmarks.decode_bytes import decode_bytes, engine_held
+    from engine.host.memory_advice import pages_settled
     from engine.kv.calibration import calibrate_without_fixed_scales
 
     llm = LLM(model, enable_prefix_caching=False)
     calibrate_without_fixed_scales(llm)  # as `resident serve` does at start
     _generate_s(llm, [prompt_ids(64, -1)], 8)  # warm-up: first-call costs are not speed
+    # Nor is start-up's collapse of the packed weights into huge pages (a few seconds of
+    # a core, after the first requests): the figures are steady decoding's.
+    pages_settled()
     engine = llm.engine
     _say(
         {
