@@ -125,11 +125,11 @@ class PackedArena:
         def collapse() -> None:
             _STARTED.wait(_START_WAIT_S)
             start, done, total = time.perf_counter(), 0, 0
-            patience_ends = time.monotonic() + _PATIENCE_S
+            patience = _PATIENCE_S
             while chunks:
                 chunk = chunks.pop(0)
                 for offset in range(0, chunk.numel(), _PIECE):
-                    _wait_between_steps(patience_ends)
+                    patience -= _wait_between_steps(patience)
                     size = min(_PIECE, chunk.numel() - offset)
                     done += advise(chunk.data_ptr() + offset, size, MADV_COLLAPSE)
                     total += 1
@@ -177,13 +177,15 @@ def step_running() -> Iterator[None]:
         _step_ended = time.monotonic()
 
 
-def _wait_between_steps(deadline: float) -> None:
-    """Return once no step has run for _QUIET_S, or at `deadline` (time.monotonic())."""
-    while time.monotonic() < deadline:
-        now = time.monotonic()
+def _wait_between_steps(patience: float) -> float:
+    """Wait until no step has run for _QUIET_S, or `patience` seconds at most; the
+    seconds waited."""
+    began = time.monotonic()
+    while (now := time.monotonic()) - began < patience:
         if _step_began <= _step_ended and now - _step_ended >= _QUIET_S:
-            return
+            break
         time.sleep(_QUIET_S / 5)
+    return time.monotonic() - began
 
 
 class MappedFile:
