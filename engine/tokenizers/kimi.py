@@ -30,6 +30,7 @@ from tokenizers import AddedToken
 
 from engine.errors import CheckpointError
 from engine.tokenizers.byte_pieces import bytes_to_piece, piece_to_bytes
+from engine.tokenizers.named_tokens import NamedTokenIds
 from engine.tokenizers.ranks import read_ranks
 from engine.tokenizers.template_chat import ChatTemplates
 
@@ -90,7 +91,7 @@ def _deep_sorted(value: Any) -> Any:
     return value
 
 
-class KimiTokenizer(ChatTemplates):
+class KimiTokenizer(NamedTokenIds, ChatTemplates):
     def __init__(
         self,
         ranks: dict[bytes, int],
@@ -249,24 +250,8 @@ class KimiTokenizer(ChatTemplates):
 
     # ----- special tokens ----------------------------------------------------------
 
-    def _id_of(self, token: str | None) -> int | None:
-        return None if token is None else self._special_to_id[token]
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._id_of(self.bos_token)
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._id_of(self.eos_token)
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._id_of(self.pad_token)
-
-    @property
-    def unk_token_id(self) -> int | None:
-        return self._id_of(self.unk_token)
+    def _named_id(self, token: str) -> int:
+        return self._special_to_id[token]
 
     @property
     def special_tokens_map(self) -> dict[str, str]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
 
+from engine.tokenizers.named_tokens import NamedTokenIds
 from engine.tokenizers.template_chat import ChatTemplates
 
 SNAPSHOT_FORMAT = 1
@@ -63,7 +64,7 @@ def _cleans_up_spaces(hf: Any) -> bool:
     return not bpe or forced
 
 
-class SnapshotTokenizer(ChatTemplates):
+class SnapshotTokenizer(NamedTokenIds, ChatTemplates):
     """The part of transformers' fast-tokenizer interface the engine uses, answered by the
     backend and the snapshot's attributes (see the module docstring)."""
 
@@ -165,25 +166,12 @@ class SnapshotTokenizer(ChatTemplates):
 
     # ----- special tokens ----------------------------------------------------------
 
-    def _named_id(self, token: str | None) -> int | None:
-        return None if token is None else self._token_id(token)
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._named_id(self.bos_token)
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._named_id(self.eos_token)
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._named_id(self.pad_token)
-
-    @property
-    def unk_token_id(self) -> int | None:
-        token = self.unk_token
-        return None if token is None else self._backend.token_to_id(token)
+    def _named_id(self, token: str) -> int | None:
+        # A name outside the vocabulary is unk, as in transformers; unk's own is None.
+        token_id = self._backend.token_to_id(token)
+        if token_id is None and token != self.unk_token:
+            return self.unk_token_id
+        return token_id
 
     @property
     def added_tokens_decoder(self) -> dict[int, AddedToken]:
