@@ -143,7 +143,7 @@ class PackedArena:
 
         thread = threading.Thread(target=collapse, name="resident-huge-pages", daemon=True)
         thread.start()
-        _COLLAPSES.append(thread)
+        _COLLAPSES[:] = [*(t for t in _COLLAPSES if t.is_alive()), thread]
         return thread
 
 
