@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "grid_formats.h" /* ALWAYS_INLINE */
 #include "kernels.h"
 #include "simd.h"
 
@@ -85,73 +86,108 @@ static void attend(const float *q, int64_t group, int64_t D, const uint8_t *kv, 
     }
 }
 
-/* Up to 4 query heads of one KV head, head_dim = 16 * CH, with the queries and
-   the output accumulators in registers. */
-#define DEFINE_ATTEND_FIXED(GS, CH)                                                                  \
-    static void attend_##GS##_##CH(const float *q, const uint8_t *kv, int kind, int64_t elem,        \
-                                   int64_t kv_heads, int64_t head, const int64_t *slots,             \
-                                   int64_t len, float v_factor, float *scores, float *totals,        \
-                                   void *out, int out_bf16) {                                        \
-        const int64_t D = 16 * CH, slot_elems = 2 * kv_heads * D;                                    \
-        __m512 qv[GS][CH];                                                                           \
-        for (int g = 0; g < GS; g++)                                                                 \
-            for (int c = 0; c < CH; c++) qv[g][c] = _mm512_loadu_ps(q + g * D + c * 16);            \
-        for (int64_t l0 = 0; l0 < len; l0 += 16) {                                                   \
-            const int64_t n = len - l0 < 16 ? len - l0 : 16;                                         \
-            __m512 part[GS][16];                                                                     \
-            for (int64_t i = 0; i < 16; i++) {                                                       \
-                if (i >= n) {                                                                        \
-                    for (int g = 0; g < GS; g++) part[g][i] = _mm512_setzero_ps();                   \
-                    continue;                                                                        \
-                }                                                                                    \
-                const uint8_t *k = kv + (slots[l0 + i] * slot_elems + head * D) * elem;              \
-                __m512 s[GS];                                                                        \
-                for (int g = 0; g < GS; g++) s[g] = _mm512_setzero_ps();                             \
-                for (int c = 0; c < CH; c++) {                                                       \
-                    const __m512 kc = load_row16(k + c * 16 * elem, kind);                           \
-                    for (int g = 0; g < GS; g++) s[g] = _mm512_fmadd_ps(qv[g][c], kc, s[g]);         \
-                }                                                                                    \
-                for (int g = 0; g < GS; g++) part[g][i] = s[g];                                      \
-            }                                                                                        \
-            for (int g = 0; g < GS; g++)                                                             \
-                _mm512_mask_storeu_ps(scores + g * len + l0, tail_mask(n), reduce16(part[g]));       \
-        }                                                                                            \
-        softmax_rows(scores, GS, len, totals);                                                       \
-        __m512 acc[GS][CH];                                                                          \
-        for (int g = 0; g < GS; g++)                                                                 \
-            for (int c = 0; c < CH; c++) acc[g][c] = _mm512_setzero_ps();                            \
-        for (int64_t l = 0; l < len; l++) {                                                          \
-            const uint8_t *v = kv + (slots[l] * slot_elems + (kv_heads + head) * D) * elem;          \
-            __m512 p[GS];                                                                            \
-            for (int g = 0; g < GS; g++) p[g] = _mm512_set1_ps(scores[g * len + l]);                 \
-            for (int c = 0; c < CH; c++) {                                                           \
-                const __m512 vc = load_row16(v + c * 16 * elem, kind);                               \
-                for (int g = 0; g < GS; g++) acc[g][c] = _mm512_fmadd_ps(p[g], vc, acc[g][c]);       \
-            }                                                                                        \
-        }                                                                                            \
-        const int out_elem = out_bf16 ? 2 : 4;                                                       \
-        for (int g = 0; g < GS; g++) {                                                               \
-            const __m512 norm = _mm512_set1_ps(v_factor / totals[g]);                                \
-            for (int c = 0; c < CH; c++)                                                             \
-                row16_store((char *)out + (g * D + c * 16) * out_elem,                               \
-                            _mm512_mul_ps(acc[g][c], norm), out_bf16, 0xFFFF);                               \
-        }                                                                                            \
+/* Rows this many positions ahead are fetched while the current ones are used: a
+   decode step streams its weights through the caches, so the pages are cold, and one
+   head's rows are scattered (a slot holds every head's K and V) where the hardware
+   prefetchers do not follow. */
+#define PREFETCH_AHEAD 16
+static inline void prefetch_row(const uint8_t *row, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T0);
+}
+
+/* Up to 4 query heads of one KV head, head_dim = 16 * CH, K and V stored as `kind`:
+   each (GS, CH, kind) is its own function below, the loops unrolled and the load's
+   conversion chosen at compile time. Register use is kept to what AVX2 has (16 ymm,
+   so 8 of the emulated 16-lane vectors): the queries are read from L1 as memory
+   operands, and the weighted sum of V runs one 16-lane chunk at a time over a block
+   of positions whose V rows stay in L1, its GS accumulators in registers. Holding
+   every query chunk and every accumulator in registers spilled them to the stack on
+   each step (a load and a store per FMA). */
+#define PV_BLOCK 32
+ALWAYS_INLINE void attend_fixed(
+    const int GS, const int CH, const int kind, const float *q, const uint8_t *kv,
+    int64_t kv_heads, int64_t head, const int64_t *slots, int64_t len, float v_factor,
+    float *scores, float *totals, void *out, int out_bf16) {
+    const int64_t D = 16 * CH, elem = kind == KV_FLOAT32 ? 4 : kind == KV_BF16 ? 2 : 1;
+    const int64_t row_bytes = D * elem, slot_bytes = 2 * kv_heads * row_bytes;
+    const uint8_t *k_base = kv + head * row_bytes, *v_base = kv + (kv_heads + head) * row_bytes;
+    for (int64_t l0 = 0; l0 < len; l0 += 16) {
+        const int64_t n = len - l0 < 16 ? len - l0 : 16;
+        __m512 part[4][16];
+        for (int64_t i = 0; i < 16; i++) {
+            __m512 s[4];
+            for (int g = 0; g < GS; g++) s[g] = _mm512_setzero_ps();
+            if (i < n) {
+                if (l0 + i + PREFETCH_AHEAD < len)
+                    prefetch_row(k_base + slots[l0 + i + PREFETCH_AHEAD] * slot_bytes, row_bytes);
+                const uint8_t *k = k_base + slots[l0 + i] * slot_bytes;
+                for (int c = 0; c < CH; c++) {
+                    const __m512 kc = load_row16(k + c * 16 * elem, kind);
+                    for (int g = 0; g < GS; g++)
+                        s[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + c * 16), kc, s[g]);
+                }
+            }
+            for (int g = 0; g < GS; g++) part[g][i] = s[g];
+        }
+        for (int g = 0; g < GS; g++)
+            _mm512_mask_storeu_ps(scores + g * len + l0, tail_mask(n), reduce16(part[g]));
     }
+    softmax_rows(scores, GS, len, totals);
+    float acc_rows[4 * 16 * 8];
+    for (int64_t l0 = 0; l0 < len; l0 += PV_BLOCK) {
+        const int64_t n = len - l0 < PV_BLOCK ? len - l0 : PV_BLOCK;
+        const uint8_t *rows[PV_BLOCK];
+        for (int64_t i = 0; i < n; i++) {
+            rows[i] = v_base + slots[l0 + i] * slot_bytes;
+            if (l0 + i + PV_BLOCK < len)
+                prefetch_row(v_base + slots[l0 + i + PV_BLOCK] * slot_bytes, row_bytes);
+        }
+        for (int c = 0; c < CH; c++) {
+            __m512 acc[4];
+            for (int g = 0; g < GS; g++)
+                acc[g] = l0 ? _mm512_loadu_ps(acc_rows + g * D + c * 16) : _mm512_setzero_ps();
+            for (int64_t i = 0; i < n; i++) {
+                const __m512 vc = load_row16(rows[i] + c * 16 * elem, kind);
+                for (int g = 0; g < GS; g++)
+                    acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g * len + l0 + i]), vc, acc[g]);
+            }
+            for (int g = 0; g < GS; g++) _mm512_storeu_ps(acc_rows + g * D + c * 16, acc[g]);
+        }
+    }
+    const int out_elem = out_bf16 ? 2 : 4;
+    for (int g = 0; g < GS; g++) {
+        const __m512 norm = _mm512_set1_ps(v_factor / totals[g]);
+        for (int c = 0; c < CH; c++)
+            row16_store((char *)out + (g * D + c * 16) * out_elem,
+                        _mm512_mul_ps(_mm512_loadu_ps(acc_rows + g * D + c * 16), norm), out_bf16,
+                        0xFFFF);
+    }
+}
 
-DEFINE_ATTEND_FIXED(1, 4)
-DEFINE_ATTEND_FIXED(2, 4)
-DEFINE_ATTEND_FIXED(3, 4)
-DEFINE_ATTEND_FIXED(4, 4)
-DEFINE_ATTEND_FIXED(1, 8)
-DEFINE_ATTEND_FIXED(2, 8)
-DEFINE_ATTEND_FIXED(3, 8)
-DEFINE_ATTEND_FIXED(4, 8)
-
-typedef void (*attend_fixed_fn)(const float *, const uint8_t *, int, int64_t, int64_t, int64_t,
-                                const int64_t *, int64_t, float, float *, float *, void *, int);
-static const attend_fixed_fn ATTEND_FIXED[2][4] = {
-    {attend_1_4, attend_2_4, attend_3_4, attend_4_4},
-    {attend_1_8, attend_2_8, attend_3_8, attend_4_8},
+typedef void (*attend_fixed_fn)(const float *, const uint8_t *, int64_t, int64_t, const int64_t *,
+                                int64_t, float, float *, float *, void *, int);
+#define ATTEND_FORM(GS, CH, KIND)                                                                \
+    static void attend_##GS##_##CH##_##KIND(const float *q, const uint8_t *kv, int64_t kv_heads, \
+                                            int64_t head, const int64_t *slots, int64_t len,     \
+                                            float v_factor, float *scores, float *totals,        \
+                                            void *out, int out_bf16) {                           \
+        attend_fixed(GS, CH, KIND, q, kv, kv_heads, head, slots, len, v_factor, scores, totals,  \
+                     out, out_bf16);                                                             \
+    }
+#define ATTEND_FORMS(CH, KIND) \
+    ATTEND_FORM(1, CH, KIND) ATTEND_FORM(2, CH, KIND) ATTEND_FORM(3, CH, KIND) ATTEND_FORM(4, CH, KIND)
+ATTEND_FORMS(4, 0)
+ATTEND_FORMS(4, 1)
+ATTEND_FORMS(4, 2)
+ATTEND_FORMS(8, 0)
+ATTEND_FORMS(8, 1)
+ATTEND_FORMS(8, 2)
+#define ATTEND_ROW(CH, KIND) \
+    {attend_1_##CH##_##KIND, attend_2_##CH##_##KIND, attend_3_##CH##_##KIND, attend_4_##CH##_##KIND}
+/* [head_dim 128][kind][group size - 1] */
+static const attend_fixed_fn ATTEND_FIXED[2][3][4] = {
+    {ATTEND_ROW(4, 0), ATTEND_ROW(4, 1), ATTEND_ROW(4, 2)},
+    {ATTEND_ROW(8, 0), ATTEND_ROW(8, 1), ATTEND_ROW(8, 2)},
 };
 
 /* q [B, Hq, D], out [B, Hq, D]; slots [B, L] (row b valid up to lens[b]);
@@ -190,9 +226,9 @@ int paged_decode(const void *q, int q_bf16, const uint8_t *kv, int kv_kind, cons
                 /* query heads four at a time, queries and accumulators in registers */
                 for (int64_t g0 = 0; g0 < group; g0 += 4) {
                     const int64_t gs = group - g0 < 4 ? group - g0 : 4;
-                    ATTEND_FIXED[D == 128][gs - 1](qf + g0 * D, kv, kv_kind, elem, Hkv, h,
-                                                   slots + b * L, lens[b], v_factor[h], scores,
-                                                   totals, dst + g0 * D * out_elem, out_bf16);
+                    ATTEND_FIXED[D == 128][kv_kind][gs - 1](qf + g0 * D, kv, Hkv, h, slots + b * L,
+                                                            lens[b], v_factor[h], scores, totals,
+                                                            dst + g0 * D * out_elem, out_bf16);
                 }
             } else {
                 attend(qf, group, D, kv, kv_kind, elem, Hkv, h, slots + b * L, lens[b],
