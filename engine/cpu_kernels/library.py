@@ -51,8 +51,8 @@ _SIGNATURES = {
     "grid_dequantize": [_PTR, _PTR, _INT, _I64, _I64, _PTR, _INT],
     # codes, scales, format, K, N, ids, count, out, out_bf16, threads
     "grid_gather_rows": [_PTR, _PTR, _INT, _I64, _I64, _PTR, _I64, _PTR, _INT, _INT],
-    # routing, x, T, hidden, ids, weights
-    "moe_route": [_PTR, _PTR, _I64, _I64, _PTR, _PTR],
+    # routing, x, T, hidden, ids, weights, threads
+    "moe_route": [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _INT],
     # routing, x, T, hidden, intermediate, experts, gate_up_format, down_format, shared
     # gate_up, shared down, shared intermediate, out, threads
     "moe_block": [_PTR, _PTR, _I64, _I64, _I64, _PTR, _INT, _INT, _PTR, _PTR, _I64, _PTR, _INT],

@@ -164,7 +164,7 @@ class CpuMoEBlock:
         weights = torch.empty(rows, k, dtype=torch.float32)
         status = library().moe_route(
             ctypes.addressof(self.routing), x.data_ptr(), rows, x.shape[1], ids.data_ptr(),
-            weights.data_ptr(),
+            weights.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         if status != 0:
             raise MemoryError("moe_route could not allocate its scratch buffers")
