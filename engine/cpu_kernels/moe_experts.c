@@ -53,6 +53,15 @@ static void gate_up_group(const MoeExpert *ex, int fmt, int64_t I, int64_t j, In
     }
 }
 
+/* Item `item` of the gate/up pass: expert active[item / ig], its group item % ig, for
+   the expert's pairs (rows start[e] .. start[e + 1] of pq and aq). */
+static void gate_up_item(int64_t item, int64_t ig, const int64_t *active, const int64_t *start,
+                         const MoeExpert *experts, int fmt, int64_t I, Int8Rows pq, Int8Rows aq) {
+    const int64_t e = active[item / ig], s = start[e];
+    gate_up_group(experts + e, fmt, I, item % ig, rows_from(pq, s), start[e + 1] - s,
+                  rows_from(aq, s));
+}
+
 /* Pair q's copy of its token's int8 row and group sums: each expert's rows side by
    side, as the tile loop reads them. */
 static inline void gather_pair(int64_t q, const int64_t *token, Int8Rows x, Int8Rows pairs) {
@@ -117,6 +126,10 @@ int moe_experts(const uint16_t *x, int64_t T, int64_t H, int64_t I, const int64_
         token[q] = p / k;
         pair_weight[q] = weights[p];
     }
+    const int64_t first_count = A ? start[active[0] + 1] - start[active[0]] : 0;
+    int uniform = 1; /* every active expert has as many pairs */
+    for (int64_t a = 1; a < A; a++)
+        uniform &= start[active[a] + 1] - start[active[a]] == first_count;
     const int64_t down_tile = tile_bytes(down_fmt, ig);
     const int64_t down_scales = tile_scale_bytes(down_fmt, ig);
     /* A decode step's few tokens are quantized and gathered before the team starts,
@@ -134,13 +147,19 @@ int moe_experts(const uint16_t *x, int64_t T, int64_t H, int64_t I, const int64_
 #pragma omp for schedule(static)
             for (int64_t q = 0; q < P; q++) gather_pair(q, token, xq, pq);
         }
-        /* Experts differ in token count, so items differ in cost: hand them out as
-           threads free up. */
+        /* Experts differing in token count make items differ in cost: they are handed
+           out as threads free up. Where every expert has as many (a decode step of one
+           sequence), each thread takes one run of items instead, so its reads go on
+           through each expert's weights in order rather than skipping the items the
+           other thread took (the hardware prefetchers follow one stream). */
+        if (uniform) {
+#pragma omp for schedule(static)
+            for (int64_t item = 0; item < A * ig; item++)
+                gate_up_item(item, ig, active, start, experts, gate_up_fmt, I, pq, aq);
+        } else {
 #pragma omp for schedule(dynamic)
-        for (int64_t item = 0; item < A * ig; item++) {
-            const int64_t e = active[item / ig], s = start[e];
-            gate_up_group(experts + e, gate_up_fmt, I, item % ig, rows_from(pq, s),
-                          start[e + 1] - s, rows_from(aq, s));
+            for (int64_t item = 0; item < A * ig; item++)
+                gate_up_item(item, ig, active, start, experts, gate_up_fmt, I, pq, aq);
         }
         /* A tile's 16 columns belong to one thread: it sums over the experts unraced. */
 #pragma omp for schedule(static)
