@@ -100,6 +100,8 @@ class AttentionMetadata:
         batch = len(query_lens)
         max_q = max(query_lens)
         max_l = max(context_lens)
+        if max_q == 1:
+            return cls._build_decode(context_lens, slot_mapping, context_slots, device)
         query_index = torch.zeros(batch, max_q, dtype=torch.long)
         query_pos = torch.zeros(batch, max_q, dtype=torch.long)
         output_index = torch.empty(sum(query_lens), dtype=torch.long)
@@ -111,24 +113,54 @@ class AttentionMetadata:
             output_index[start : start + q_len] = torch.arange(b * max_q, b * max_q + q_len)
             slots[b, :ctx_len] = context_slots[b]
             start += q_len
-        is_causal_single = batch == 1 and context_lens[0] == query_lens[0]
-        decode_only = max_q == 1
+        return cls(
+            slot_mapping=slot_mapping.to(device),
+            query_index=query_index.to(device),
+            output_index=output_index.to(device),
+            context_slots=slots.to(device),
+            query_positions=query_pos,
+            is_causal_single=batch == 1 and context_lens[0] == query_lens[0],
+            query_lens=list(query_lens),
+            context_lens=list(context_lens),
+        )
+
+    @classmethod
+    def _build_decode(
+        cls,
+        context_lens: list[int],
+        slot_mapping: torch.Tensor,
+        context_slots: list[torch.Tensor],
+        device: torch.device,
+    ) -> AttentionMetadata:
+        """build's tensors for a step of one query a sequence, in fewer operations: after a
+        decode step has streamed the weights through the caches each small tensor
+        operation runs cold, and build's per-sequence loop was a tenth of a millisecond
+        of a one-sequence step. One sequence's context needs no padding: its slots are
+        used as given (read-only)."""
+        batch, max_l = len(context_lens), max(context_lens)
+        rows = torch.arange(batch)
+        if batch == 1:
+            slots = context_slots[0][:max_l].to(torch.long).reshape(1, max_l)
+        else:
+            slots = torch.zeros(batch, max_l, dtype=torch.long)
+            for b, ctx_len in enumerate(context_lens):
+                slots[b, :ctx_len] = context_slots[b]
         key_padding = None
-        if decode_only and batch > 1:
+        if batch > 1:
             lengths = torch.tensor(context_lens)
             key_padding = (torch.arange(max_l)[None, :] >= lengths[:, None]).view(
                 batch, 1, 1, max_l
             )
             key_padding = key_padding.to(device)
         return cls(
-            decode_only=decode_only,
+            decode_only=True,
             key_padding=key_padding,
             slot_mapping=slot_mapping.to(device),
-            query_index=query_index.to(device),
-            output_index=output_index.to(device),
+            query_index=rows.view(batch, 1).to(device),
+            output_index=rows.to(device),
             context_slots=slots.to(device),
-            query_positions=query_pos,
-            is_causal_single=is_causal_single,
-            query_lens=list(query_lens),
+            query_positions=torch.tensor(context_lens).sub_(1).view(batch, 1),
+            is_causal_single=batch == 1 and context_lens[0] == 1,
+            query_lens=[1] * batch,
             context_lens=list(context_lens),
         )

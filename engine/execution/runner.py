@@ -16,6 +16,7 @@ import torch
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.registry import get_backend
 from engine.config import EngineConfig
+from engine.execution.slot_tables import SlotTables
 from engine.kv.state_pool import RecurrentStatePool, StepStates
 from engine.models.decoder import ForwardContext
 from engine.requests.sequence import ScheduledSequence
@@ -55,6 +56,7 @@ class ModelRunner:
         self.snapshot_pool = snapshot_pool
         self.backend = backend
         self.page_size = page_size
+        self.slot_tables = SlotTables(page_size)
         self.device = device
         # How a speculative verification of [last, d1..dk] is laid out. As rows: k+1
         # one-query "sequences" sharing one page table, row j seeing the context up to
@@ -71,12 +73,6 @@ class ModelRunner:
         # Return each step's hidden states (StepOutput.hidden); decode steps then run
         # eagerly, as a captured graph returns logits only.
         self.keep_hidden = False
-
-    def _slots(self, pages: list[int], start: int, end: int) -> torch.Tensor:
-        """Cache slots of token positions [start, end) of a sequence with these pages."""
-        positions = torch.arange(start, end)
-        table = torch.tensor(pages, dtype=torch.long)
-        return table[positions // self.page_size] * self.page_size + positions % self.page_size
 
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSequence], want_chunk_logits: set[int]) -> StepOutput:
@@ -106,7 +102,7 @@ class ModelRunner:
             end = start + n
             input_ids.extend(item.token_ids())
             positions.append(torch.arange(start, end))
-            slots = self._slots(seq.pages, 0, end)
+            slots = self.slot_tables.slots(getattr(seq, "request_id", None), seq.pages, end)
             slot_mapping.append(slots[start:end])
             if item.draft and self.verify_as_rows:
                 for row_end in range(start + 1, end + 1):
@@ -126,6 +122,7 @@ class ModelRunner:
             if index in want_chunk_logits:
                 chunk_ranges[index] = (offset, offset + n)
             offset += n
+        self.slot_tables.keep_only({getattr(item.seq, "request_id", None) for item in batch})
         meta = AttentionMetadata.build(
             query_lens, context_lens, torch.cat(slot_mapping), context_slots, self.device
         )
@@ -139,8 +136,12 @@ class ModelRunner:
             ctx.states.keep_snapshots()  # the states at the ends of this step's chunks
         # Sampling rows, then verification rows: one product through the LM head.
         all_rows = last_rows + verify_rows
-        rows = torch.tensor(all_rows, dtype=torch.long, device=self.device)
-        logits = self.model.compute_logits(hidden[rows]) if all_rows else hidden.new_empty(0)
+        rows_count = hidden.shape[0]
+        if len(all_rows) == rows_count and all_rows == list(range(rows_count)):
+            picked = hidden  # a decode step's rows, in order: no gather
+        else:
+            picked = hidden[torch.tensor(all_rows, dtype=torch.long, device=self.device)]
+        logits = self.model.compute_logits(picked) if all_rows else hidden.new_empty(0)
         first = len(last_rows)
         verify_logits = {
             index: logits[first + a : first + a + n] for index, (a, n) in verify_ranges.items()

@@ -31,3 +31,37 @@ def test_no_mask_where_every_query_may_see_everything_before_it():
     assert _meta([6], [6]).mask is None  # one fresh prompt: plain causal
     assert _meta([1], [9]).mask is None  # one decode row
     assert _meta([2], [9]).mask is not None  # a chunk over a cached prefix
+
+
+def _general(query_lens, context_lens):
+    """What build lays out for any step, written out: the reference for its decode form."""
+    batch, max_q, max_l = len(query_lens), max(query_lens), max(context_lens)
+    query_index = torch.zeros(batch, max_q, dtype=torch.long)
+    query_pos = torch.zeros(batch, max_q, dtype=torch.long)
+    slots = torch.zeros(batch, max_l, dtype=torch.long)
+    output_index, start = [], 0
+    for b, (q, n) in enumerate(zip(query_lens, context_lens, strict=True)):
+        query_index[b, :q] = torch.arange(start, start + q)
+        query_pos[b, :q] = torch.arange(n - q, n)
+        slots[b, :n] = torch.arange(100 * b, 100 * b + n)
+        output_index += range(b * max_q, b * max_q + q)
+        start += q
+    return query_index, query_pos, slots, torch.tensor(output_index)
+
+
+def test_a_decode_step_lays_out_what_any_step_does():
+    for context_lens in ([7], [1], [5, 9, 1], [3, 3]):
+        query_lens = [1] * len(context_lens)
+        meta = _meta(query_lens, context_lens)
+        query_index, query_pos, slots, output_index = _general(query_lens, context_lens)
+        assert meta.decode_only and meta.query_lens == query_lens
+        assert torch.equal(meta.query_index, query_index)
+        assert torch.equal(meta.query_positions, query_pos)
+        assert torch.equal(meta.context_slots, slots)
+        assert torch.equal(meta.output_index, output_index)
+        assert meta.is_causal_single == (context_lens == [1])
+        assert (meta.key_padding is None) == (len(context_lens) == 1)
+        if meta.key_padding is not None:
+            lengths = torch.tensor(context_lens)[:, None]
+            want = torch.arange(max(context_lens))[None, :] >= lengths
+            assert torch.equal(meta.key_padding.view(len(context_lens), -1), want)
