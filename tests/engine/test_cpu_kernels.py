@@ -360,3 +360,24 @@ def test_the_kernel_benchmark_runs_and_prints_json():
         (0, 40),
         (30, 17),
     }
+
+
+def test_the_two_library_benchmark_alternates_and_prints_json(tiny_llama_dir):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from engine.cpu_kernels.library import _build, _compiler, _isa
+
+    built = str(_build(_compiler(), _isa()[0]))  # A and B the same build: a smoke test
+    script = Path(__file__).parents[2] / "bench" / "cpu_kernels_ab.py"
+    command = [sys.executable, str(script), str(tiny_llama_dir), built, built]
+    command += ["--prompt", "24", "--new", "3", "--rounds", "2"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["benchmark"] == "cpu_kernels_ab"
+    assert [len(result["step_ms"][name]) for name in "AB"] == [2, 2]
+    assert all(ms > 0 for name in "AB" for ms in result["step_ms"][name])
+    assert result["b_speed_over_a"] > 0
