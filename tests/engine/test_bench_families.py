@@ -121,6 +121,31 @@ def test_batch_decode_rate_is_the_difference_of_the_best_times():
     best = _best("batch16", samples)
     assert (best["first_s"], best["whole_s"]) == (1.5, 10.0)
     assert best["tok_s"] == pytest.approx(16 * 128 / 8.5)
+    # timed directly (Resident's steps, llama-batched-bench): the best rate
+    assert _best("batch16", [{"tok_s": 90.0}, {"tok_s": 95.5}])["tok_s"] == 95.5
+
+
+def test_llama_batched_bench_gives_the_16_sequence_decode_rate(tmp_path):
+    from engine.devtools.benchmarks.families_llama_cpp import LlamaCppSide
+    from engine.devtools.benchmarks.family_files import LlamaCpp
+
+    bin_dir = tmp_path / "build" / "bin"
+    bin_dir.mkdir(parents=True)
+    fake = bin_dir / "llama-batched-bench"
+    # what its --output-format jsonl prints, among its log lines
+    fake.write_text(
+        "#!/bin/sh\necho 'main: n_kv_max = 10496'\n"
+        'echo \'{"pp": 512, "tg": 128, "pl": 16, "speed_tg": 82.89}\'\n'
+    )
+    fake.chmod(0o755)
+    side = LlamaCppSide.__new__(LlamaCppSide)  # no llama-bench probe
+    side.llama_cpp, side.gguf, side.threads = LlamaCpp(tmp_path), "model.gguf", 2
+    side.server_flags, side.facts, side._server = [], {}, None
+    assert side.measure("batch16", 0) == {"tok_s": 82.89}
+    assert side.facts["batch16_method"] == "llama-batched-bench speed_tg"
+    fake.write_text("#!/bin/sh\necho 'failed to load model' >&2\nexit 1\n")
+    with pytest.raises(RuntimeError, match="exited 1: failed to load model"):
+        side.measure("batch16", 0)
 
 
 def test_llama_cpp_is_located_or_the_reason_said(tmp_path, monkeypatch):

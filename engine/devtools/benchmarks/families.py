@@ -81,7 +81,8 @@ def _best(figure: str, samples: list[dict]) -> dict:
         return {}
     if figure == LONG_DECODE_FIGURE:
         return long_decode_best(samples)
-    if figure == "batch16":
+    if figure == "batch16" and "whole_s" in samples[0]:
+        # llama-server's whole runs (no llama-batched-bench): the decode is the difference
         first = min(s["first_s"] for s in samples)
         whole = min(s["whole_s"] for s in samples)
         size = SIZES["batch16"]

@@ -6,11 +6,15 @@ in a process of its own, on the same thread count as Resident.
 - long_context: `llama-bench -d 8192 -p 0 -n 64 -ctk q8_0 -ctv q8_0`, its 8-bit
   KV cache against Resident's FP8.
 - prefill: `llama-bench -p 2048 -n 0`.
-- batch16: `llama-server -np 16`, kept up across rounds, asked for 16
-  completions at once (prompt token ids, EOS ignored, its prompt cache off),
-  with one token and with `new + 1` tokens each; the difference of the best
-  times is the decode of 16 x new tokens (llama-batched-bench would time it
-  directly, but is not among the binaries built).
+- batch16: `llama-batched-bench -npp 512 -ntg 128 -npl 16` where it is built
+  (`cmake --build build --target llama-batched-bench`): its 16 sequences' 128
+  decode steps after their prompts, timed directly (`speed_tg`), as Resident's
+  side times its own. Without it, `llama-server -np 16`, kept up across rounds,
+  asked for 16 completions at once (prompt token ids, EOS ignored, its prompt
+  cache off) with one token and with `new + 1` tokens each; the difference of
+  the best times is the decode of 16 x new tokens, and the result says so
+  (`batch16_method`): half a minute of prefill on each side of the difference
+  makes that figure noisier.
 - load: a fresh `llama-server` (its defaults) timed to its first token.
 Each llama-bench run is one repetition (`-r 1`) after its own warm-up; the
 rounds, not llama-bench, repeat.
@@ -86,7 +90,36 @@ class LlamaCppSide:
         command += ["-t", str(self.threads), "--host", "127.0.0.1", "--port", str(port)]
         return [*command, *self.server_flags, *options]
 
+    def _batched_bench(self) -> dict:
+        """llama-batched-bench's decode rate of the batch16 figure's sequences."""
+        size = SIZES["batch16"]
+        context = size["sequences"] * (size["prompt"] + size["new"] + _SLOT_PAD)
+        command = [str(self.llama_cpp.binary("llama-batched-bench")), "-m", self.gguf]
+        command += ["-t", str(self.threads), "-c", str(context), "--output-format", "jsonl"]
+        command += ["-npp", str(size["prompt"]), "-ntg", str(size["new"])]
+        command += ["-npl", str(size["sequences"]), *self.server_flags]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=_BENCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired as err:
+            raise RuntimeError(f"llama-batched-bench ran past {_BENCH_TIMEOUT_S} s") from err
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"llama-batched-bench exited {done.returncode}: {done.stderr[-2000:]}"
+            )
+        for line in done.stdout.splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and row.get("pl") == size["sequences"]:
+                return {"tok_s": float(row["speed_tg"])}
+        raise RuntimeError(f"llama-batched-bench said: {done.stdout[-2000:]}")
+
     def _batch(self, seed: int) -> dict:
+        if not self.llama_cpp.lacking(("llama-batched-bench",)):
+            self.facts["batch16_method"] = "llama-batched-bench speed_tg"
+            return self._batched_bench()
+        self.facts["batch16_method"] = "llama-server, difference of the best whole times"
         from engine.distributed.launch import free_port
 
         size = SIZES["batch16"]

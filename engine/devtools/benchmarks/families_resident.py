@@ -10,10 +10,13 @@ line on stdout. It stays up between rounds, idle while llama.cpp runs.
   the clock starts once the prefill has given the first token and stops at the
   last, so it times exactly the `new` single-token decode steps after a
   `prompt`-token context, as llama-bench's `-d prompt -n new` does.
-- batch16: `LLM.generate` on `sequences` prompts at once, with one token and
-  with `new + 1` tokens each; the parent takes the difference of the best
-  times, the decode of `sequences x new` tokens with every prompt's prefill
-  and per-request costs cancelled (as for llama-server's side).
+- batch16: `sequences` requests added at once and stepped; the clock starts
+  once every one has its first token (all prefills done) and stops when the
+  last finishes: `sequences x new` tokens of decode steps, timed directly as
+  llama-batched-bench times llama.cpp's. (It was the difference of two whole
+  `LLM.generate` runs with and without the decode, where the 8,192 prompt
+  tokens' half a minute of prefill on each side swung the figure by up to 30%
+  between runs of the same code.)
 - prefill: `LLM.generate` of one token after `prompt` tokens, timed whole.
 - long_decode: one_stream's timing after a prompt of each of the asked
   contexts in turn (long_decode.py), one prefill per context.
@@ -57,18 +60,21 @@ def _say(message: dict) -> None:
     print(_MARK + json.dumps(message), flush=True)
 
 
-def _decode_rate(engine: LLMEngine, prompt: list[int], new: int) -> float:
+def _decode_rate(engine: LLMEngine, prompts: list[list[int]], new: int) -> float:
+    """Decode tokens/s of these prompts at once, from the step after the last first
+    token to the last token."""
     from engine import SamplingParams
 
-    seq = engine.add_request(
-        prompt, SamplingParams(max_tokens=new + 1, temperature=0, ignore_eos=True)
-    )
-    while not seq.output_token_ids:
+    params = SamplingParams(max_tokens=new + 1, temperature=0, ignore_eos=True)
+    seqs = [engine.add_request(prompt, params) for prompt in prompts]
+    while not all(seq.output_token_ids for seq in seqs):
         engine.step()
+    made = sum(len(seq.output_token_ids) for seq in seqs)
     start = time.perf_counter()
-    while not seq.is_finished:
+    while not all(seq.is_finished for seq in seqs):
         engine.step()
-    return (len(seq.output_token_ids) - 1) / (time.perf_counter() - start)
+    made = sum(len(seq.output_token_ids) for seq in seqs) - made
+    return made / (time.perf_counter() - start)
 
 
 def _generate_s(llm, prompts: list[list[int]], tokens: int) -> float:
@@ -99,10 +105,10 @@ def _figure(llm, ask: dict) -> dict:
     size = SIZES.get(figure, {})
     if figure in ("one_stream", "long_context"):
         prompt = prompt_ids(size["prompt"], seed)
-        return {"tok_s": _decode_rate(llm.engine, prompt, size["new"])}
+        return {"tok_s": _decode_rate(llm.engine, [prompt], size["new"])}
     if figure == LONG_DECODE:
         rates = {
-            str(context): _decode_rate(llm.engine, prompt_ids(context, seed), NEW_TOKENS)
+            str(context): _decode_rate(llm.engine, [prompt_ids(context, seed)], NEW_TOKENS)
             for context in ask["contexts"]
         }
         return {"tok_s": rates, "new": NEW_TOKENS}
@@ -110,10 +116,7 @@ def _figure(llm, ask: dict) -> dict:
         return {"tok_s": size["prompt"] / _generate_s(llm, [prompt_ids(size["prompt"], seed)], 1)}
     if figure == "batch16":
         prompts = [prompt_ids(size["prompt"], seed * 1000 + i) for i in range(size["sequences"])]
-        return {
-            "first_s": _generate_s(llm, prompts, 1),
-            "whole_s": _generate_s(llm, prompts, size["new"] + 1),
-        }
+        return {"tok_s": _decode_rate(llm.engine, prompts, size["new"])}
     raise ValueError(f"unknown figure {figure!r}")
 
 
