@@ -184,8 +184,9 @@ def bench_families(
     llama_cpp: str = typer.Option(
         None,
         "--llama-cpp",
-        help="llama.cpp's source folder (binaries in build/bin); default: $RESIDENT_LLAMA_CPP. "
-        "Without it Resident is measured alone.",
+        help="llama.cpp's source folder (binaries in build/bin: llama-quantize, llama-bench, "
+        "llama-server, and llama-batched-bench for the 16-at-once figure); default: "
+        "$RESIDENT_LLAMA_CPP. Without it Resident is measured alone.",
     ),
     workdir: str = typer.Option(
         None, help="Where checkpoints and GGUF files are kept; default: the user cache."
