@@ -5,9 +5,8 @@
 On a shared machine whose speed drifts by 10-20% between runs, two processes cannot
 tell a 5% kernel change from noise; one process can, stepping the same model in
 turns under each library (round r runs A then B, the next B then A). A and B are the
-kernel libraries two source trees build (engine/cpu_kernels/library.py prints its
-path: `python -c "import engine.cpu_kernels.library as L;
-print(L._build(L._compiler(), L._isa()[0]))"` in each tree); their exported functions
+kernel libraries two source trees build (`python -c "from engine.cpu_kernels.library
+import library_path; print(library_path())"` in each tree); their exported functions
 and the structs they read must be the same. Prints JSON: each round's mean step time
 in ms per library, the medians, and B's speed over A's.
 """
@@ -19,17 +18,6 @@ import ctypes
 import json
 import statistics
 import time
-
-
-def _load(path: str) -> ctypes.CDLL:
-    from engine.cpu_kernels.library import _SIGNATURES
-
-    library = ctypes.CDLL(path)
-    for name, argtypes in _SIGNATURES.items():
-        function = getattr(library, name)
-        function.restype = ctypes.c_int
-        function.argtypes = argtypes
-    return library
 
 
 def _use(library: ctypes.CDLL) -> None:
@@ -64,10 +52,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     from engine import LLM, SamplingParams
+    from engine.cpu_kernels.library import open_library
     from engine.devtools.benchmarks.family_runs import prompt_ids
     from engine.host.memory_advice import pages_settled
 
-    libraries = {"A": _load(args.a), "B": _load(args.b)}
+    libraries = {"A": open_library(args.a), "B": open_library(args.b)}
     _use(libraries["A"])
     llm = LLM(args.model, enable_prefix_caching=False)
     warm = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)

@@ -212,14 +212,25 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     if compiler is None:
         return None, "no C compiler (cc or gcc) on PATH"
     try:
-        library = ctypes.CDLL(str(_build(compiler, isa)))
+        return open_library(_build(compiler, isa)), ""
     except OSError as error:
         return None, f"building the CPU kernels failed: {error}"
+
+
+def open_library(path: str | Path) -> ctypes.CDLL:
+    """A built kernel library at `path`, its functions' signatures set (also how
+    bench/cpu_kernels_ab.py opens a second build beside this one)."""
+    library = ctypes.CDLL(str(path))
     for name, argtypes in _SIGNATURES.items():
         function = getattr(library, name)
         function.restype = ctypes.c_int
         function.argtypes = argtypes
-    return library, ""
+    return library
+
+
+def library_path() -> str:
+    """Where the loaded kernel library lives (the user cache, named by its sources' hash)."""
+    return library()._name
 
 
 def unavailable() -> str:

@@ -368,9 +368,9 @@ def test_the_two_library_benchmark_alternates_and_prints_json(tiny_llama_dir):
     import sys
     from pathlib import Path
 
-    from engine.cpu_kernels.library import _build, _compiler, _isa
+    from engine.cpu_kernels.library import library_path
 
-    built = str(_build(_compiler(), _isa()[0]))  # A and B the same build: a smoke test
+    built = library_path()  # A and B the same build: a smoke test
     script = Path(__file__).parents[2] / "bench" / "cpu_kernels_ab.py"
     command = [sys.executable, str(script), str(tiny_llama_dir), built, built]
     command += ["--prompt", "24", "--new", "3", "--rounds", "2"]
