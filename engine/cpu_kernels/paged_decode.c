@@ -130,6 +130,8 @@ ALWAYS_INLINE void attend_fixed(
                 for (int c = 0; c < CH; c++) {
                     const __m512 kc = load_row16(k + c * 16 * elem, kind);
                     for (int g = 0; g < GS; g++) {
+                        /* c & 3: in range in the CH = 8 forms too, where this arm is
+                           compiled out */
                         const __m512 qc =
                             CH <= 4 ? qv[g][c & 3] : _mm512_loadu_ps(q + g * D + c * 16);
                         s[g] = _mm512_fmadd_ps(qc, kc, s[g]);
@@ -206,7 +208,9 @@ int paged_decode(const void *q, int q_bf16, const uint8_t *kv, int kv_kind, cons
                  const int64_t *lens, int64_t B, int64_t L, int64_t Hq, int64_t Hkv, int64_t D,
                  const float *k_factor, const float *v_factor, float softmax_scale, void *out,
                  int out_bf16, int threads) {
-    const int64_t group = Hq / Hkv, elem = kv_kind == KV_FLOAT32 ? 4 : kv_kind == KV_BF16 ? 2 : 1;
+    /* any other kind reads FP8 bytes, as it always has */
+    const int kind = kv_kind == KV_FLOAT32 || kv_kind == KV_BF16 ? kv_kind : KV_FP8;
+    const int64_t group = Hq / Hkv, elem = kind == KV_FLOAT32 ? 4 : kind == KV_BF16 ? 2 : 1;
     const int q_elem = q_bf16 ? 2 : 4, out_elem = out_bf16 ? 2 : 4;
     int failed = 0;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
@@ -235,12 +239,12 @@ int paged_decode(const void *q, int q_bf16, const uint8_t *kv, int kv_kind, cons
                 /* query heads four at a time, queries and accumulators in registers */
                 for (int64_t g0 = 0; g0 < group; g0 += 4) {
                     const int64_t gs = group - g0 < 4 ? group - g0 : 4;
-                    ATTEND_FIXED[D == 128][kv_kind][gs - 1](qf + g0 * D, kv, Hkv, h, slots + b * L,
+                    ATTEND_FIXED[D == 128][kind][gs - 1](qf + g0 * D, kv, Hkv, h, slots + b * L,
                                                             lens[b], v_factor[h], scores, totals,
                                                             dst + g0 * D * out_elem, out_bf16);
                 }
             } else {
-                attend(qf, group, D, kv, kv_kind, elem, Hkv, h, slots + b * L, lens[b],
+                attend(qf, group, D, kv, kind, elem, Hkv, h, slots + b * L, lens[b],
                        v_factor[h], scores, acc, totals, dst, out_bf16);
             }
         }

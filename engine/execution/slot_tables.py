@@ -34,6 +34,10 @@ class SlotTables:
         """Slots of positions [0, end) of the sequence `key` with these pages (key None:
         not kept)."""
         needed = -(-end // self.page_size)
+        if needed > len(pages):
+            raise IndexError(
+                f"{end} positions need {needed} pages; the sequence holds {len(pages)}"
+            )
         if key is None:
             return self.page_slots(pages[:needed])[:end]
         entry = self._tables.get(key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from engine.execution.slot_tables import SlotTables
@@ -61,3 +62,8 @@ def test_random_histories_and_pruning():
             assert tables.slots(key, seq, end).tolist() == _want(seq, end)
         tables.keep_only({key})
     assert len(tables._tables) <= 2 + 16
+
+
+def test_positions_past_the_pages_are_refused():
+    with pytest.raises(IndexError, match="need 2 pages; the sequence holds 1"):
+        SlotTables(PAGE).slots("a", [4], PAGE + 1)
