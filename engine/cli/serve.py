@@ -18,15 +18,12 @@ from typing import Any
 import typer
 
 from engine.cli.common import fail, setting_option, setting_type
+from engine.host import early_pages
 from engine.server.options import SERVE_FLAGS, SERVE_SETTINGS, ServeOptions
 
 
 def serve(**given: Any) -> None:
     """Serve the model over HTTP: OpenAI chat and completions, Responses, Anthropic Messages."""
-    from engine.errors import EngineError
-    from engine.server.launch import ServeUsageError, check_options
-    from engine.server.launch import serve as run_server
-
     if not logging.getLogger().handlers:  # `resident-engine serve`; `resident` sets its own
         logging.basicConfig(level=logging.WARNING)
     # What the server says while it starts: what it holds, where it listens, and a first
@@ -34,6 +31,14 @@ def serve(**given: Any) -> None:
     for name in ("resident.serve", "engine.kv.calibration"):
         logging.getLogger(name).setLevel(logging.INFO)
     options = ServeOptions(**given)
+    # Before the imports below (torch's takes a second): the packed weights' memory, made
+    # on the other core meanwhile. The server runs on CUDA when it can (no --device).
+    if early_pages.packs_here(options.model, None, options.tensor_parallel_size * options.nnodes):
+        early_pages.prepare(options.model)
+    from engine.errors import EngineError
+    from engine.server.launch import ServeUsageError, check_options
+    from engine.server.launch import serve as run_server
+
     try:
         check_options(options)
     except ServeUsageError as err:

@@ -29,10 +29,8 @@ off) the calls fail quietly and everything still works, only slower or larger.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import mmap
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -41,12 +39,17 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-HUGE_PAGE = 2 << 20
-MADV_DONTNEED = 4
-MADV_POPULATE_READ = 22  # Linux 5.14
-MADV_POPULATE_WRITE = 23  # Linux 5.14
-MADV_COLLAPSE = 25  # Linux 6.1
-ALIGNMENT = 64  # bytes: every piece starts on a cache line, as torch's allocator gives
+from engine.host import early_pages
+from engine.host.early_pages import (
+    ALIGNMENT,
+    HUGE_PAGE,
+    MADV_COLLAPSE,
+    MADV_DONTNEED,
+    MADV_POPULATE_READ,
+    MADV_POPULATE_WRITE,
+    advise,
+)
+
 _CHUNK = 256 << 20
 # Set once the process's start-up is over; deferred background work waits for it, or at
 # most _START_WAIT_S, so an embedder that never says still gets it.
@@ -61,30 +64,6 @@ _step_began = _step_ended = 0.0
 log = logging.getLogger(__name__)
 
 
-def _libc():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.madvise.restype = ctypes.c_int
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-_LIBC = _libc()
-
-
-def advise(address: int, length: int, advice: int) -> bool:
-    """madvise on the whole pages inside [address, address + length); whether it took."""
-    start = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
-    end = (address + length) // mmap.PAGESIZE * mmap.PAGESIZE
-    if _LIBC is None or end <= start:
-        return False
-    return _LIBC.madvise(start, end - start, advice) == 0
-
-
 class PackedArena:
     """Flat tensors carved from chunks of huge-page-advised memory, never freed apart
     (a model's packed weights live as long as the model)."""
@@ -96,8 +75,16 @@ class PackedArena:
         self._chunks: list[torch.Tensor] = []
 
     def take(self, count: int, dtype: torch.dtype) -> torch.Tensor:
-        """`count` elements of `dtype`, uninitialised, 64-byte aligned."""
+        """`count` elements of `dtype`, uninitialised, 64-byte aligned: from the region
+        made resident while the process started (engine/host/early_pages.py) while it
+        has room, else from this arena's chunks."""
         nbytes = count * torch.empty((), dtype=dtype).element_size()
+        early = early_pages.take(nbytes) if nbytes else None
+        if early is not None:
+            taken = torch.frombuffer(early, dtype=torch.uint8)
+            # Pages the populating thread has not reached yet (a no-op where it has).
+            advise(taken.data_ptr(), nbytes, MADV_POPULATE_WRITE)
+            return taken.view(dtype)
         start = -(-self._used // ALIGNMENT) * ALIGNMENT
         if self._chunk is None or start + nbytes > self._chunk.numel():
             self._chunk = self._new_chunk(max(nbytes, self.chunk_bytes))
@@ -114,6 +101,13 @@ class PackedArena:
         raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
         offset = -raw.data_ptr() % HUGE_PAGE  # whole huge pages, for the collapse
         return raw[offset : offset + nbytes]
+
+    def end_early_region(self) -> None:
+        """The packing is done: the start-up region gives back what was not taken, and
+        what was joins this arena's chunks for the collapse."""
+        taken = early_pages.finish()
+        if taken is not None:
+            self._chunks.append(torch.frombuffer(taken, dtype=torch.uint8))
 
     def collapse_in_background(self) -> threading.Thread:
         """Collapse the chunks written so far into huge pages from a daemon thread (the
@@ -221,6 +215,7 @@ class MappedFile:
 def return_free_memory() -> None:
     """Give the C heap's free pages back to the OS (glibc's malloc_trim): a load frees
     gigabytes of float copies and temporaries in pieces the allocator would keep."""
-    trim = getattr(_LIBC, "malloc_trim", None) if _LIBC is not None else None
+    libc = early_pages.LIBC
+    trim = getattr(libc, "malloc_trim", None) if libc is not None else None
     if trim is not None:
         trim(0)

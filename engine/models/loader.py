@@ -243,8 +243,11 @@ def _load_gguf_model(cls, cfg: ModelConfig, path: Path, dtype, device, grid_bloc
     model = _model_on_meta(cls, cfg, dtype)
     weights = GGUFWeights(path)
     filled = set()
-    if grid_blocks:
-        filled = install_grid_layers(model, weights) | install_grid_embedding(model, weights)
+    try:
+        if grid_blocks:
+            filled = install_grid_layers(model, weights) | install_grid_embedding(model, weights)
+    finally:
+        weights.arena.end_early_region()  # what start-up made resident and the load did not take
     materialize_parameters(model, device)
     model.load_weights(weights.dense(), filled=filled)
     return_free_memory()  # the float32 copies the dense tensors went through

@@ -19,6 +19,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig, unknown_choice
+from engine.host import early_pages
 from engine.host.memory_advice import start_up_finished
 from engine.server.options import (
     API_KEY_ENV,
@@ -136,7 +137,10 @@ def build_engine(options: ServeOptions) -> AsyncEngine:
     """Load the model into an AsyncEngine (slow: reads the weights, allocates the KV pool)."""
     from engine.async_engine import AsyncEngine
 
-    return AsyncEngine.open(engine_config(options))
+    try:
+        return AsyncEngine.open(engine_config(options))
+    finally:
+        early_pages.finish()  # what the CLI made early and the load did not take
 
 
 def restore_prefixes(engine: AsyncEngine) -> None:
