@@ -15,7 +15,6 @@ from engine.chat import ParsedChatMessage
 from engine.config import EngineConfig, engine_settings
 from engine.core.llm_engine import LLMEngine
 from engine.errors import EngineError, KVCapacityError
-from engine.host import early_pages
 from engine.host.memory_advice import start_up_finished
 from engine.kv.quant import CALIBRATION_MARGIN
 from engine.kv.scales import scales_document, write_scales_file
@@ -68,13 +67,7 @@ class LLM:
                 **kwargs,
             )
         )
-        config = self.config
-        if early_pages.packs_here(config.model, config.device, config.tensor_parallel_size):
-            early_pages.prepare(config.model)  # made while the engine's parts are built
-        try:
-            self.engine = LLMEngine(self.config)
-        finally:
-            early_pages.finish()  # what the load did not take (a no-op once a GGUF load ends)
+        self.engine = LLMEngine(self.config)
         start_up_finished()  # the engine is built: background work may begin
 
     @classmethod

@@ -81,10 +81,7 @@ class PackedArena:
         nbytes = count * torch.empty((), dtype=dtype).element_size()
         early = early_pages.take(nbytes) if nbytes else None
         if early is not None:
-            taken = torch.frombuffer(early, dtype=torch.uint8)
-            # Pages the populating thread has not reached yet (a no-op where it has).
-            advise(taken.data_ptr(), nbytes, MADV_POPULATE_WRITE)
-            return taken.view(dtype)
+            return torch.frombuffer(early, dtype=torch.uint8).view(dtype)
         start = -(-self._used // ALIGNMENT) * ALIGNMENT
         if self._chunk is None or start + nbytes > self._chunk.numel():
             self._chunk = self._new_chunk(max(nbytes, self.chunk_bytes))

@@ -111,7 +111,6 @@ def test_a_model_loaded_through_the_region_computes_what_it_computes_without(tmp
     write_tiny_gguf(path, model, tokenizer, types)
     prompt = list(range(5, 40))
     settings = {"dtype": "bfloat16", "kv_cache_dtype": "bf16", "device": "cpu"}
-    monkeypatch.setattr(early_pages, "packs_here", lambda *args: False)
     without = LLM(str(path), **settings).prompt_logits(prompt)
 
     taken = []
@@ -122,11 +121,9 @@ def test_a_model_loaded_through_the_region_computes_what_it_computes_without(tmp
         taken.append(piece is not None)
         return piece
 
-    prepare = early_pages.prepare
-    half = path.stat().st_size // 2  # so the load runs past the region
-    monkeypatch.setattr(early_pages, "packs_here", lambda *args: True)
-    monkeypatch.setattr(early_pages, "prepare", lambda model: prepare(model, half))
     monkeypatch.setattr(early_pages, "take", counted)
+    # As `resident serve` does before its imports; half the file, so the load runs past it.
+    assert early_pages.prepare(path, path.stat().st_size // 2)
     through = LLM(str(path), **settings)
     assert early_pages._REGION is None  # closed by the load
     assert any(taken) and not all(taken)
