@@ -34,6 +34,7 @@ from engine.weights.gguf_kquants import KQUANT_TYPES
 
 GROUP = 32
 TILE = 16
+_SLICE_BYTES = 8 << 20  # of a file's rows, packed at a time
 # type name -> (bytes per block, bits of the codes)
 # (Q5_0 and Q5_1 codes, 0..31, are kept as 8-bit codes: the kernel has no 5-bit plain grid.
 # Q4_K_M files hold them where a row is not whole K-quant super-blocks, as MLA's attn_k_b.)
@@ -192,12 +193,26 @@ def _pieces(rows: BlockRows, mapped: MappedFile | None):
         count = _count(data, taken)
         if count == 0:
             continue
-        low, high = (first, first + count - 1) if index is None else (index.min(), index.max())
-        if mapped is not None:
-            mapped.populate(data, int(low), int(high))
-        yield data, type_name, index, first, count
-        if mapped is not None:  # packed: the file's pages need not stay beside the copy
-            mapped.release_rows(data, int(low), int(high))
+        if index is not None:
+            yield from _mapped(data, type_name, index, first, count, mapped)
+            continue
+        # A long range in slices: its file pages and its packed copy are both resident
+        # only a slice at a time (a 51 MiB head otherwise sat whole beside the arena).
+        step = max(TILE, _SLICE_BYTES // data.strides[0] // TILE * TILE)
+        for start in range(first, first + count, step):
+            yield from _mapped(
+                data, type_name, None, start, min(step, first + count - start), mapped
+            )
+
+
+def _mapped(data, type_name, index, first, count, mapped: MappedFile | None):
+    """One piece, its rows' pages populated before the caller packs it, dropped after."""
+    low, high = (first, first + count - 1) if index is None else (index.min(), index.max())
+    if mapped is not None:
+        mapped.populate(data, int(low), int(high))
+    yield data, type_name, index, first, count
+    if mapped is not None:  # packed: the file's pages need not stay beside the copy
+        mapped.release_rows(data, int(low), int(high))
 
 
 def _outputs(allocate, tiles: int, code_bytes: int, scale_bytes: int):

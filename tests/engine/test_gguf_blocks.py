@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType, quants
 from engine.cpu_kernels.grid_matmul import grid_gather_rows
 from engine.cpu_kernels.library import unavailable
 from engine.layers.cpu_grid_weights import GridWeight
+from engine.weights import gguf_blocks
 from engine.weights.gguf_blocks import (
     BLOCK_TYPES,
     decode_blocks,
@@ -102,9 +103,14 @@ def test_a_row_of_partial_blocks_is_refused():
         [("Q5_1", slice(1, 40, 2)), ("Q4_0", slice(0, 9)), ("Q5_0", np.array([4, 4, 0]))],
     ],
 )
-def test_the_c_repacker_writes_what_the_numpy_packer_writes(pieces):
+@pytest.mark.parametrize("sliced", [False, True])
+def test_the_c_repacker_writes_what_the_numpy_packer_writes(pieces, sliced, monkeypatch):
     """gguf_repack.c reads the mapped blocks and writes the kernel's layout directly:
-    byte for byte what decode_blocks + pack_grid_rows give, padding rows included."""
+    byte for byte what decode_blocks + pack_grid_rows give, padding rows included.
+    Sliced: a long row range goes in slices of 16 rows (as a file's tensors go in slices
+    of 8 MiB), each landing where the one before ended."""
+    if sliced:
+        monkeypatch.setattr(gguf_blocks, "_SLICE_BYTES", 1)
     from engine.weights.gguf_blocks import BlockRows, repack_block_rows
 
     files = {t: _file_bytes(t, seed=10 + i)[0] for i, t in enumerate(BLOCK_TYPES)}

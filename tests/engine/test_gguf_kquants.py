@@ -40,6 +40,7 @@ from engine.model_files.gguf_convert import convert_gguf
 from engine.models.cpu_decode_step import FusedDecode
 from engine.models.decoder import GatedMLP
 from engine.models.loader import GGUF_WEIGHTS
+from engine.weights import gguf_blocks
 from engine.weights.gguf_blocks import BlockRows, join_block_rows, repack_kquant_rows
 from engine.weights.gguf_kquants import (
     KQUANT_TYPES,
@@ -194,10 +195,14 @@ def test_parts_of_one_k_quant_join_and_parts_of_two_do_not():
         [("Q6_K", np.array([2, 30, 31])), ("Q6_K", slice(16, 40))],
     ],
 )
-def test_the_c_repacker_writes_what_the_numpy_packer_writes(pieces):
+@pytest.mark.parametrize("sliced", [False, True])
+def test_the_c_repacker_writes_what_the_numpy_packer_writes(pieces, sliced, monkeypatch):
     """gguf_kquant_repack.c reads the mapped super-blocks and writes the kernel's layout
     directly: byte for byte what decode_kquant_blocks + pack_kquant_rows give, padding
-    rows included."""
+    rows included. Sliced: a long row range goes in slices of 16 rows (as a file's
+    tensors go in slices of 8 MiB), each landing where the one before ended."""
+    if sliced:
+        monkeypatch.setattr(gguf_blocks, "_SLICE_BYTES", 1)
     files = [_blocks(t, ROWS, COLS, seed=30 + i) for i, (t, _) in enumerate(pieces)]
     block_rows = BlockRows(
         [(f, taken, t) for f, (t, taken) in zip(files, pieces, strict=True)], COLS
