@@ -69,7 +69,10 @@ class _Region:
     """One anonymous mapping, handed out front to back from a huge-page boundary."""
 
     def __init__(self, nbytes: int):
-        self.map = mmap.mmap(-1, nbytes + HUGE_PAGE)
+        # Private: Python's default for an anonymous map is shared memory (shmem), which
+        # MADV_DONTNEED would only unmap, not free, and which collapses into huge pages
+        # only where shmem THP is enabled.
+        self.map = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
         self.view = memoryview(self.map)
         self.address = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
         self.first = -self.address % HUGE_PAGE  # whole huge pages, for the later collapse

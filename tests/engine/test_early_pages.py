@@ -128,3 +128,24 @@ def test_a_model_loaded_through_the_region_computes_what_it_computes_without(tmp
     assert early_pages._REGION is None  # closed by the load
     assert any(taken) and not all(taken)
     assert torch.equal(through.prompt_logits(prompt), without)
+
+
+def _resident_mib() -> dict[str, int]:
+    with open("/proc/self/status") as status:
+        rows = [line.split() for line in status if line.startswith(("RssAnon", "RssShmem"))]
+    return {row[0].rstrip(":"): int(row[1]) >> 10 for row in rows}
+
+
+@pytest.mark.skipif(early_pages.LIBC is None, reason="Linux only")
+def test_the_region_is_private_memory_and_its_untaken_pages_are_freed(tmp_path):
+    """Python maps anonymous memory shared by default, where MADV_DONTNEED only unmaps: the
+    region must be private, so what the load did not take is freed, not hidden."""
+    before = _resident_mib()
+    assert early_pages.prepare(_file(tmp_path, 1024), nbytes=64 << 20)
+    early_pages._REGION.thread.join(timeout=60)
+    populated = _resident_mib()
+    assert populated["RssAnon"] - before["RssAnon"] >= 60
+    assert populated["RssShmem"] - before["RssShmem"] < 4
+    early_pages.take(8 << 20)
+    early_pages.finish()
+    assert populated["RssAnon"] - _resident_mib()["RssAnon"] >= 50
