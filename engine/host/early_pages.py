@@ -36,8 +36,9 @@ MADV_POPULATE_WRITE = 23  # Linux 5.14
 MADV_COLLAPSE = 25  # Linux 6.1
 ALIGNMENT = 64  # bytes: every piece starts on a cache line, as torch's allocator gives
 # The populating thread's piece: between pieces it takes the GIL back for a moment (the
-# importing thread holds it), so few and large; and it stops between them once told.
-_PIECE = 128 << 20
+# importing thread holds it), so not small; a `take` reaching the piece being written
+# waits for it, so not large either.
+_PIECE = 32 << 20
 log = logging.getLogger(__name__)
 
 
@@ -65,8 +66,16 @@ def advise(address: int, length: int, advice: int) -> bool:
     return LIBC.madvise(start, end - start, advice) == 0
 
 
+def _page_up(offset: int) -> int:
+    return -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
 class _Region:
-    """One anonymous mapping, handed out front to back from a huge-page boundary."""
+    """One anonymous mapping, handed out front to back from a huge-page boundary.
+
+    The populating thread writes a zero to each page, so it must never reach a page the
+    loader has written: it only takes pieces past what has been handed out (`used`), and
+    a `take` that would hand out part of the piece being written waits for it."""
 
     def __init__(self, nbytes: int):
         # Private: Python's default for an anonymous map is shared memory (shmem), which
@@ -77,9 +86,11 @@ class _Region:
         self.address = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
         self.first = -self.address % HUGE_PAGE  # whole huge pages, for the later collapse
         self.end = self.first + nbytes
-        self.used = self.first
-        self.populated = self.first  # the populating thread's progress (an offset)
-        self.stop = threading.Event()
+        self.cond = threading.Condition()  # guards what follows
+        self.used = self.first  # handed out below this offset
+        self.populated = self.first  # resident below this offset
+        self.writing: tuple[int, int] | None = None  # the thread's piece now
+        self.stopped = False
         self.thread = threading.Thread(
             target=self._populate, name="resident-early-pages", daemon=True
         )
@@ -91,20 +102,46 @@ class _Region:
         # MADV_POPULATE_WRITE call holds the process's mmap lock throughout and stalls
         # the importing thread's every mmap: torch's import took 0.35 s longer beside it.
         pages = np.frombuffer(self.map, dtype=np.uint8)
-        for offset in range(self.first, self.end, _PIECE):
-            if self.stop.is_set():
-                return
-            end = min(offset + _PIECE, self.end)
-            pages[offset : end : mmap.PAGESIZE] = 0
-            self.populated = end
+        while True:
+            with self.cond:
+                start = max(self.populated, _page_up(self.used))
+                if self.stopped or start >= self.end:
+                    return
+                stop = min(start + _PIECE, self.end)
+                self.writing = (start, stop)
+            pages[start : stop : mmap.PAGESIZE] = 0  # no one holds these pages yet
+            with self.cond:
+                self.writing = None
+                self.populated = stop
+                self.cond.notify_all()
+
+    def hand_out(self, nbytes: int) -> tuple[int, bool] | None:
+        """The next piece's offset and whether its pages may not all be resident yet; None
+        once closed or when it does not fit (which closes the region)."""
+        with self.cond:
+            while not self.stopped:
+                start = -(-self.used // ALIGNMENT) * ALIGNMENT
+                stop = start + nbytes
+                if stop > self.end:
+                    break
+                if self.writing is not None and self.writing[0] < stop:
+                    self.cond.wait()  # the thread's piece: its zeros must land first
+                    continue
+                self.used = stop
+                return start, stop > self.populated
+            else:
+                return None
+        self.close()
+        return None
 
     def close(self) -> None:
         """No more pieces: stop populating and give back the pages past the last one."""
-        if self.stop.is_set():
-            return
-        self.stop.set()
-        self.thread.join()  # so no populate call lands after the DONTNEED below
-        kept = -(-self.used // mmap.PAGESIZE) * mmap.PAGESIZE
+        with self.cond:
+            if self.stopped:
+                return
+            self.stopped = True
+        self.thread.join()  # so no write lands after the DONTNEED below
+        kept = _page_up(self.used)
         advise(self.address + kept, self.end - kept, MADV_DONTNEED)
         log.debug(
             "early pages: %d of %d MiB taken",
@@ -155,16 +192,11 @@ def take(nbytes: int) -> memoryview | None:
     no region is open or it has no room left. The first piece that does not fit closes
     it: its populated tail goes back at once, before the loader's own memory for the
     rest adds to the peak (the packed forms run ~2% past the file's bytes)."""
-    with _LOCK:
-        region = _REGION
-        if region is None or region.stop.is_set():
-            return None
-        start = -(-region.used // ALIGNMENT) * ALIGNMENT
-        if start + nbytes > region.end:
-            region.close()
-            return None
-        region.used = start + nbytes
-        ahead = start + nbytes > region.populated
+    region = _REGION
+    placed = region.hand_out(nbytes) if region is not None else None
+    if placed is None:
+        return None
+    start, ahead = placed
     if ahead:  # the load outran the thread: this piece's pages in one call, not a fault each
         advise(region.address + start, nbytes, MADV_POPULATE_WRITE)
     return region.view[start : start + nbytes]

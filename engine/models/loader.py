@@ -118,17 +118,27 @@ def kv_scales_from_checkpoint(tensors: dict[str, torch.Tensor], num_layers: int)
     return torch.stack([t.float().max() for t in k]), torch.stack([t.float().max() for t in v])
 
 
+_TRIM_EVERY = 16 << 20  # bytes of float32 copies freed between two trims of the heap
+
+
 def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """Parameters take `dtype`; buffers (rotary tables) stay float32, as
     transformers keeps them, and so do parameters the model asks to keep
     (MoE routers, whose expert ranking rounding would change)."""
     keep_fp32 = tuple(getattr(model, "fp32_parameter_suffixes", ()))
+    freed = 0
     for module_name, module in model.named_modules():
         if is_packed_method(getattr(module, "method", None)):
             continue  # FP8 values, INT4 words and their scales keep their dtypes
         for name, param in module.named_parameters(prefix=module_name, recurse=False):
-            if not (keep_fp32 and name.endswith(keep_fp32)):
+            if not (keep_fp32 and name.endswith(keep_fp32)) and param.dtype != dtype:
+                freed += param.data.nbytes
                 param.data = param.data.to(dtype)
+                if freed >= _TRIM_EVERY:
+                    # The C heap keeps what the float32 copies held: without this the
+                    # cast's copies piled up beside them (Kimi-shaped 2B: its peak).
+                    return_free_memory()
+                    freed = 0
 
 
 def _use_fused_moe(model: torch.nn.Module) -> None:

@@ -54,6 +54,22 @@ def test_pieces_come_in_order_aligned_zeroed_and_writable(tmp_path):
     assert early_pages.take(16) is None  # closed
 
 
+def test_pieces_written_while_the_thread_still_populates_keep_their_bytes(tmp_path):
+    """The thread writes a zero to each page it makes resident: never to a page handed
+    out, whatever the loader wrote there first (a piece taken the moment the region
+    opens races the thread through the whole region)."""
+    for attempt in range(3):
+        assert early_pages.prepare(_file(tmp_path, 4096), nbytes=96 << 20)
+        pieces = []
+        for index in range(96 * 4):  # 256 KiB pieces, each filled as soon as taken
+            piece = early_pages.take(1 << 18)
+            piece[:] = bytes([index % 251 + 1]) * len(piece)
+            pieces.append(piece)
+        early_pages.finish()
+        for index, piece in enumerate(pieces):
+            assert bytes(piece) == bytes([index % 251 + 1]) * len(piece), (attempt, index)
+
+
 def test_the_first_piece_that_does_not_fit_closes_the_region(tmp_path):
     assert early_pages.prepare(_file(tmp_path, 2 << 20))  # exactly 2 MiB
     first = early_pages.take(1 << 20)
@@ -85,7 +101,7 @@ def test_a_load_that_takes_nothing_gives_the_whole_region_back(tmp_path):
     region = early_pages._REGION
     region.thread.join(timeout=60)  # populated
     assert early_pages.finish() is None
-    assert region.stop.is_set() and not region.thread.is_alive()
+    assert region.stopped and not region.thread.is_alive()
 
 
 def test_who_packs_here():
