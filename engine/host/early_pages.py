@@ -24,46 +24,24 @@ import ctypes
 import logging
 import mmap
 import os
-import sys
 import threading
 
 import numpy as np
 
-HUGE_PAGE = 2 << 20
-MADV_DONTNEED = 4
-MADV_POPULATE_READ = 22  # Linux 5.14
-MADV_POPULATE_WRITE = 23  # Linux 5.14
-MADV_COLLAPSE = 25  # Linux 6.1
-ALIGNMENT = 64  # bytes: every piece starts on a cache line, as torch's allocator gives
+from engine.host.madvise import (
+    ALIGNMENT,
+    HUGE_PAGE,
+    LIBC,
+    MADV_DONTNEED,
+    MADV_POPULATE_WRITE,
+    advise,
+)
+
 # The populating thread's piece: between pieces it takes the GIL back for a moment (the
 # importing thread holds it), so not small; a `take` reaching the piece being written
 # waits for it, so not large either.
 _PIECE = 32 << 20
 log = logging.getLogger(__name__)
-
-
-def _libc():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.madvise.restype = ctypes.c_int
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-LIBC = _libc()
-
-
-def advise(address: int, length: int, advice: int) -> bool:
-    """madvise on the whole pages inside [address, address + length); whether it took."""
-    start = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
-    end = (address + length) // mmap.PAGESIZE * mmap.PAGESIZE
-    if LIBC is None or end <= start:
-        return False
-    return LIBC.madvise(start, end - start, advice) == 0
 
 
 def _page_up(offset: int) -> int:
@@ -123,13 +101,13 @@ class _Region:
                 start = -(-self.used // ALIGNMENT) * ALIGNMENT
                 stop = start + nbytes
                 if stop > self.end:
-                    break
+                    break  # closes the region, below (the thread stops first)
                 if self.writing is not None and self.writing[0] < stop:
                     self.cond.wait()  # the thread's piece: its zeros must land first
                     continue
                 self.used = stop
                 return start, stop > self.populated
-            else:
+            if self.stopped:
                 return None
         self.close()
         return None

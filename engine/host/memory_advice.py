@@ -40,9 +40,10 @@ import numpy as np
 import torch
 
 from engine.host import early_pages
-from engine.host.early_pages import (
+from engine.host.madvise import (
     ALIGNMENT,
     HUGE_PAGE,
+    LIBC,
     MADV_COLLAPSE,
     MADV_DONTNEED,
     MADV_POPULATE_READ,
@@ -212,7 +213,6 @@ class MappedFile:
 def return_free_memory() -> None:
     """Give the C heap's free pages back to the OS (glibc's malloc_trim): a load frees
     gigabytes of float copies and temporaries in pieces the allocator would keep."""
-    libc = early_pages.LIBC
-    trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+    trim = getattr(LIBC, "malloc_trim", None) if LIBC is not None else None
     if trim is not None:
         trim(0)
