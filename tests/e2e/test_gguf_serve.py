@@ -5,9 +5,10 @@ tokens the library computes from the same file."""
 
 from __future__ import annotations
 
+import subprocess
+
 import openai
 import pytest
-from gguf import GGMLQuantizationType as Q
 
 from engine.cpu_kernels.library import unavailable
 from tests.engine.distributed.helpers import (
@@ -17,7 +18,7 @@ from tests.engine.distributed.helpers import (
     running,
     wait_healthy,
 )
-from tests.engine.gguf_fixtures import tiny_llama, tiny_tokenizer, write_tiny_gguf
+from tests.engine.gguf_fixtures import write_tiny_block_gguf
 
 pytestmark = pytest.mark.skipif(bool(unavailable()), reason=f"CPU kernels: {unavailable()}")
 PROMPT = list(range(5, 40))
@@ -27,13 +28,7 @@ NEW = 8
 def test_a_served_gguf_file_answers_what_the_library_computes(tmp_path):
     from engine import LLM, SamplingParams
 
-    tokenizer = tiny_tokenizer()
-    model = tiny_llama(tokenizer.get_vocab_size(), tie_word_embeddings=False)
-    path = tmp_path / "model.gguf"
-    names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-    types = {f"blk.{i}.{name}.weight": Q.Q4_1 for i in range(2) for name in names}
-    types.update({"output.weight": Q.Q8_0, "token_embd.weight": Q.Q8_0})
-    write_tiny_gguf(path, model, tokenizer, types)
+    path = write_tiny_block_gguf(tmp_path / "model.gguf")
     params = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
     llm = LLM(str(path), kv_cache_dtype="bf16", device="cpu")
     want = llm.generate([PROMPT], params)[0].outputs[0]
@@ -59,3 +54,15 @@ def test_a_served_gguf_file_answers_what_the_library_computes(tmp_path):
         )
     assert reply.usage.completion_tokens == NEW and len(want.token_ids) == NEW and want.text
     assert reply.choices[0].text == want.text, log.read_text()[-2000:]
+
+
+def test_a_cut_off_gguf_file_stops_the_server_with_a_clear_error(tmp_path):
+    """The CLI starts its early region for the file before the load finds it truncated:
+    the server still says what is wrong and exits."""
+    whole = write_tiny_block_gguf(tmp_path / "whole.gguf").read_bytes()
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(whole[: len(whole) * 2 // 3])
+    command = resident_command("serve", "--model", str(path), "--port", str(free_port()))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=patience(12))
+    assert done.returncode != 0
+    assert "truncated or corrupt" in done.stdout + done.stderr, done.stderr[-2000:]

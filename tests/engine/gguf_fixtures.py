@@ -214,6 +214,24 @@ def write_tiny_gguf(
     return expected
 
 
+def write_tiny_block_gguf(path: Path) -> Path:
+    """A tiny Llama whose layers the grid kernel packs from the file's blocks as they are:
+    Q4_1 layers, a Q8_0 head and embedding."""
+    tokenizer = tiny_tokenizer()
+    model = tiny_llama(tokenizer.get_vocab_size(), tie_word_embeddings=False)
+    names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    types = {
+        f"blk.{i}.{name}.weight": GGMLQuantizationType.Q4_1
+        for i in range(model.config.num_hidden_layers)
+        for name in names
+    }
+    types.update(
+        {"output.weight": GGMLQuantizationType.Q8_0, "token_embd.weight": GGMLQuantizationType.Q8_0}
+    )
+    write_tiny_gguf(path, model, tokenizer, types)
+    return path
+
+
 def _rotary_heads(name: str, config: LlamaConfig) -> int:
     if ".attn_q." in name:
         return config.num_attention_heads

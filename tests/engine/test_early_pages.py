@@ -113,18 +113,10 @@ def test_who_packs_here():
 
 @pytest.mark.skipif(bool(unavailable()), reason=f"CPU kernels: {unavailable()}")
 def test_a_model_loaded_through_the_region_computes_what_it_computes_without(tmp_path, monkeypatch):
-    from gguf import GGMLQuantizationType as Q
-
     from engine.llm import LLM
-    from tests.engine.gguf_fixtures import tiny_llama, tiny_tokenizer, write_tiny_gguf
+    from tests.engine.gguf_fixtures import write_tiny_block_gguf
 
-    tokenizer = tiny_tokenizer()
-    model = tiny_llama(tokenizer.get_vocab_size(), tie_word_embeddings=False)
-    path = tmp_path / "model.gguf"
-    names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-    types = {f"blk.{i}.{name}.weight": Q.Q4_1 for i in range(2) for name in names}
-    types.update({"output.weight": Q.Q8_0, "token_embd.weight": Q.Q8_0})
-    write_tiny_gguf(path, model, tokenizer, types)
+    path = write_tiny_block_gguf(tmp_path / "model.gguf")
     prompt = list(range(5, 40))
     settings = {"dtype": "bfloat16", "kv_cache_dtype": "bf16", "device": "cpu"}
     without = LLM(str(path), **settings).prompt_logits(prompt)
