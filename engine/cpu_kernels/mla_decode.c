@@ -14,7 +14,8 @@
       scale and the rows' dequant factors folded in;
    2. attention, per (sequence, block of heads): SPAN positions at a time,
       each row decoded to float32 once for all the block's heads, then an
-      online softmax;
+      online softmax (on AVX2 with the heads in the vector lanes instead:
+      mla_attend_lanes.c);
    3. the output, per (sequence, head): out = W_UV[h] o_lat.
 
    W_UK and W_UV come either from a dense kv_b_proj (bf16 or float32, the
@@ -35,21 +36,8 @@
 
 #include "grid_tiles.h"
 #include "kernels.h"
+#include "mla_attend.h"
 #include "simd.h"
-
-/* SPAN rows at a time; up to MAX_BLOCK heads share each decoded tile. Fetching
-   and decoding a row costs about what one head's work on it does, so the more
-   heads share it the better, though 16 heads' accumulators (2 KB each for Kimi)
-   and the tile (36 KB) spill L1: measured 15% faster than blocks of 8 at 4k rows,
-   40% faster than blocks of 4. */
-enum { SPAN = 16, MAX_BLOCK = 16 };
-
-/* Scratch rows are padded: the latent part to a multiple of 64 (the
-   accumulation runs over 4 vectors at a time), the rope part to 16. */
-struct mla_shape {
-    int64_t H, nope, rope, v, r;
-    int64_t lat_w, width; /* padded latent part; padded whole row */
-};
 
 /* Where W_UK and W_UV come from. Dense: kv_b [H * (nope + v), r], per head nope key rows
    then v value rows, elements of the activations' dtype. Grid: k_b [H * r rows of nope]
@@ -64,22 +52,9 @@ struct mla_maps {
     int64_t block;
 };
 
-static inline __mmask16 lanes(int64_t remaining) {
-    return remaining <= 0 ? 0 : tail_mask(remaining);
-}
-
 /* 16 activations or weights (float32 or bf16), masked-off lanes zero and not read. */
 static inline __m512 act_load(const char *src, int bf16, __mmask16 m) {
     return bf16 ? bf16x16_load_masked(src, m) : _mm512_maskz_loadu_ps(m, src);
-}
-
-/* 16 stored row values (float32, bf16 or e4m3 bytes), masked-off lanes zero. */
-static inline __m512 row_load(const uint8_t *src, int kind, __mmask16 m) {
-    if (kind == KV_FLOAT32) return _mm512_maskz_loadu_ps(m, src);
-    if (kind == KV_BF16) return bf16x16_load_masked(src, m);
-    __m256i bits = _mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(m, src));
-    bits = _mm256_and_si256(_mm256_slli_epi16(bits, 7), _mm256_set1_epi16((short)0xBF80));
-    return _mm512_cvtph_ps(bits);
 }
 
 /* dst[0, lat_w) = lat_mul * W_UK^T q_nope, dst[lat_w, width) = rope_mul * q_rope; the
@@ -108,14 +83,9 @@ static void absorb_query(const struct mla_shape *s, const char *qn, const char *
     }
 }
 
-/* Rows whose score sums one pass keeps in registers: all 16 in AVX-512's 32 registers;
-   AVX2 has 16 half-width ones, where 16 rows' sums were written back and read again at
-   every step. A row's sum is the same either way (its own lanes, in the same order). */
-#ifdef RESIDENT_AVX2
-enum { SCORE_ROWS = 4, ACC_VECTORS = 1 };
-#else
+#ifndef RESIDENT_AVX2
+/* Rows whose score sums one pass keeps in registers: all 16 in AVX-512's 32 registers. */
 enum { SCORE_ROWS = SPAN, ACC_VECTORS = 4 };
-#endif
 
 /* Lane i = q . tile row i, over the padded width. */
 static inline __m512 tile_scores(const float *q, const float *tile, int64_t width) {
@@ -135,8 +105,7 @@ static inline __m512 tile_scores(const float *q, const float *tile, int64_t widt
 }
 
 /* acc[g] = alpha[g] * acc[g] + sum over the tile's first n rows of p[g][i] * latent_i, for
-   GS heads, with ACC_VECTORS vectors of each head's accumulator in registers (4 on AVX-512;
-   1 on AVX2, whose 16 registers 4 heads' 4 vectors spilled). */
+   GS heads, with ACC_VECTORS vectors of each head's accumulator in registers. */
 #define DEFINE_ACCUMULATE(GS)                                                                          \
     static void accumulate_##GS(float *acc, const float *alpha, const float *p, const float *tile,     \
                                 int64_t n, int64_t width, int64_t lat_w) {                             \
@@ -170,21 +139,12 @@ typedef void (*accumulate_fn)(float *, const float *, const float *, const float
                               int64_t, int64_t);
 static const accumulate_fn ACCUMULATE[4] = {accumulate_1, accumulate_2, accumulate_3, accumulate_4};
 
-/* Per-thread scratch of the attention pass. */
-struct mla_scratch {
-    float *tile;  /* [SPAN][width] decoded rows */
-    float *acc;   /* [block][lat_w] */
-    float *p;     /* [block][SPAN] this tile's weights */
-    float *stats; /* [3][block]: running max, running sum, this tile's rescale */
-};
-
 /* One sequence's len rows against `heads` absorbed queries [heads][width] ->
    o_lat [heads][lat_w] = latent_factor * softmax . latents. */
 static void attend(const struct mla_shape *s, const float *queries, int64_t heads,
                    const uint8_t *rows, int kind, const int64_t *slots, int64_t len,
                    float latent_factor, const struct mla_scratch *w, float *o_lat) {
-    const int64_t elem = kind == KV_FLOAT32 ? 4 : kind == KV_BF16 ? 2 : 1;
-    const int64_t row_elems = s->r + s->rope, width = s->width, lat_w = s->lat_w;
+    const int64_t width = s->width, lat_w = s->lat_w;
     float *top = w->stats, *total = w->stats + heads, *alpha = w->stats + 2 * heads;
     for (int64_t g = 0; g < heads; g++) {
         top[g] = -INFINITY, total[g] = 0.0f;
@@ -193,15 +153,7 @@ static void attend(const struct mla_shape *s, const float *queries, int64_t head
     }
     for (int64_t j0 = 0; j0 < len; j0 += SPAN) {
         const int64_t n = len - j0 < SPAN ? len - j0 : SPAN;
-        for (int64_t i = 0; i < n; i++) {
-            const uint8_t *src = rows + slots[j0 + i] * row_elems * elem;
-            float *dst = w->tile + i * width;
-            for (int64_t c = 0; c < lat_w; c += 16)
-                _mm512_storeu_ps(dst + c, row_load(src + c * elem, kind, lanes(s->r - c)));
-            for (int64_t c = 0; c < width - lat_w; c += 16)
-                _mm512_storeu_ps(dst + lat_w + c,
-                                 row_load(src + (s->r + c) * elem, kind, lanes(s->rope - c)));
-        }
+        decode_tile(s, rows, kind, slots + j0, n, w->tile);
         /* Rows n.. of the tile hold an earlier tile's (finite) values: their scores are
            masked here and the accumulation never reads them. */
         const __mmask16 valid = tail_mask(n);
@@ -229,6 +181,18 @@ static void attend(const struct mla_shape *s, const float *queries, int64_t head
                              _mm512_mul_ps(_mm512_loadu_ps(w->acc + g * lat_w + c), norm));
     }
 }
+
+#endif
+
+/* The attention pass: heads in lanes on AVX2 (mla_attend_lanes.c), the row form above on
+   AVX-512. */
+#ifdef RESIDENT_AVX2
+#define ATTEND mla_attend_lanes
+enum { LANES_FORM = 1 };
+#else
+#define ATTEND attend
+enum { LANES_FORM = 0 };
+#endif
 
 /* out[0, v) = W_UV o_lat, 16 rows of W_UV at a time; wv: the head's v rows of r values. */
 static void expand_output(const struct mla_shape *s, const float *o_lat, const char *wv, int bf16,
@@ -359,11 +323,13 @@ static int mla_run(const struct mla_maps *m, const void *q_nope, const void *q_r
         xq.K = nope, xo.K = r;
         struct mla_scratch w = {
             calloc((size_t)(SPAN * s.width), sizeof(float)),
-            malloc(sizeof(float) * (size_t)(block * lat_w)),
-            malloc(sizeof(float) * (size_t)(block * SPAN)),
-            malloc(sizeof(float) * (size_t)(3 * block)),
+            malloc(sizeof(float) * (size_t)(MAX_BLOCK * lat_w)),
+            malloc(sizeof(float) * (size_t)(MAX_BLOCK * SPAN)),
+            malloc(sizeof(float) * (size_t)(3 * MAX_BLOCK)),
+            malloc(sizeof(float) * (size_t)(LANES_FORM ? MAX_BLOCK * s.width : 1)),
+            malloc(sizeof(float) * (size_t)(LANES_FORM ? MAX_BLOCK * SPAN : 1)),
         };
-        if (!qf || !w.tile || !w.acc || !w.p || !w.stats ||
+        if (!qf || !w.tile || !w.acc || !w.p || !w.stats || !w.queries || !w.scores ||
             (grid && (!xq.q || !xq.d || !xq.c || !xq.h))) {
 #pragma omp atomic write
             failed = 1;
@@ -389,7 +355,7 @@ static int mla_run(const struct mla_maps *m, const void *q_nope, const void *q_r
             if (failed) continue;
             const int64_t b = task / blocks, h0 = task % blocks * block;
             const int64_t heads = H - h0 < block ? H - h0 : block;
-            attend(&s, queries + (b * H + h0) * s.width, heads, rows, kv_kind, slots + b * L,
+            ATTEND(&s, queries + (b * H + h0) * s.width, heads, rows, kv_kind, slots + b * L,
                    lens[b], latent_factor, &w, latents + (b * H + h0) * lat_w);
         }
 #pragma omp for schedule(static)
@@ -403,7 +369,8 @@ static int mla_run(const struct mla_maps *m, const void *q_nope, const void *q_r
             else
                 expand_output(&s, o_lat, weights + (h * (nope + v) + nope) * r * elem, bf16, dst);
         }
-        free(qf), free(w.tile), free(w.acc), free(w.p), free(w.stats);
+        free(qf), free(w.tile), free(w.acc), free(w.p), free(w.stats), free(w.queries);
+        free(w.scores);
         free(xq.q), free(xq.d), free(xq.c), free(xq.h);
     }
     free(queries), free(latents);

@@ -25,6 +25,7 @@ KERNEL_TESTS = (
     "test_cpu_layer_ops.py",
     "test_gguf_kquants.py",
     "test_cpu_moe_experts.py",
+    "test_mla_decode_kernel.py",
     "test_mla_decode_grid.py",
     "test_cpu_prefill.py",
     "test_cpu_kernels_avx2.py",  # the check below, inside that process

@@ -40,7 +40,8 @@ DECODE_LOGITS_TOL = {"bfloat16": 0.125, "float32": 1e-4}
 LAYER = 1
 # (heads, nope, rope, v, lora_rank): the tiny test config's, Kimi's, and widths that
 # are not multiples of 16 or 64 (masked tails in every pass) with head counts that leave
-# groups of 3 and of 1 in the accumulation's groups of 4.
+# groups of 3 and of 1 in the accumulation's groups of 4 (AVX-512), and that fill one
+# register of 8 heads or part of two (AVX2's heads in lanes, mla_attend_lanes.c).
 SHAPES = {
     "tiny": (4, 16, 8, 16, 16),
     "tiny_16_heads": (16, 16, 8, 16, 16),
@@ -48,6 +49,7 @@ SHAPES = {
     "kimi_4_heads": (4, 128, 64, 128, 512),
     "ragged": (3, 24, 8, 12, 40),
     "ragged_5_heads": (5, 24, 8, 12, 40),
+    "ragged_11_heads": (11, 24, 8, 12, 40),
 }
 LENS = [1, 37, 300]
 
