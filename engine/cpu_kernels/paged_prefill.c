@@ -5,12 +5,13 @@
    explicit mask a chunk over a cached prefix needs, cannot skip the blocks
    above the diagonal. This kernel uses AVX-512 BF16 dot products (32
    multiply-adds an instruction, float32 sums) for both products (the AVX2 build:
-   the same sums from FMAs):
+   float32 FMAs over float32 copies of the same values, paged_prefill_fma.h):
 
    1. For one sequence and KV head, the context's K and V rows are read from
       the pages once (BF16, or FP8 bytes, whose values are exact in BF16) and
       packed for the dot-product instruction: K as [block][D/2][32 keys] pairs
-      of dimensions, V as [block][16][D] pairs of keys.
+      of dimensions, V as [block][16][D] pairs of keys (AVX2: float32, K as
+      [block][D][32 keys], V as [block][32 keys][D]).
    2. Query blocks of 16 tokens (all query heads of the KV head: a token's
       group of heads shares every K/V block) walk the key blocks up to their
       last token's position with an online softmax in float32. The
@@ -32,38 +33,34 @@
 #include "simd.h"
 
 enum { KEYS = 32, QUERY_BLOCK = 16 };
-
 #ifdef RESIDENT_AVX2
-/* vdpbf16ps from FMAs: a BF16 value is the top half of its float32, and a product of two
-   is exact in float32, so the odd pair's then the even pair's product added to acc, as
-   the instruction adds them, round alike (denormals aside, which it flushes). */
-static inline float bf16_bits_to_float(uint32_t high_bits) {
-    float f;
-    memcpy(&f, &high_bits, 4);
-    return f;
+enum { FMA_FORM = 1 };
+#else
+enum { FMA_FORM = 0 };
+#endif
+
+/* 16 stored values (BF16 or FP8 bytes) -> float32 (both exact in BF16 and float32). */
+static inline __m512 bf16_row16_float(const uint8_t *src, int kind) {
+    if (kind == KV_BF16) return bf16x16_load(src);
+    __m256i bits = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)src));
+    bits = _mm256_and_si256(_mm256_slli_epi16(bits, 7), _mm256_set1_epi16((short)0xBF80));
+    return _mm512_cvtph_ps(bits);
 }
 
-static inline __m512 dot(__m512 acc, uint32_t pair, __m512i packed) {
-    const __m512 q_even = _mm512_set1_ps(bf16_bits_to_float(pair << 16));
-    const __m512 q_odd = _mm512_set1_ps(bf16_bits_to_float(pair & 0xFFFF0000u));
-    const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(packed, 16));
-    const __m512 odd =
-        _mm512_castsi512_ps(_mm512_and_si512(packed, _mm512_set1_epi32((int)0xFFFF0000u)));
-    return _mm512_fmadd_ps(even, q_even, _mm512_fmadd_ps(odd, q_odd, acc));
-}
+/* The products: the AVX2 build's float32 FMA form (paged_prefill_fma.h), or AVX-512 BF16
+   dot products of packed pairs. */
+#ifdef RESIDENT_AVX2
+#include "paged_prefill_fma.h"
 #else
 static inline __m512 dot(__m512 acc, uint32_t pair, __m512i packed) {
     return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)pair), (__m512bh)packed);
 }
-#endif
 
 /* 16 stored values (BF16 or FP8 bytes) -> their BF16 bits. FP8 values are
    exact in BF16, so only the representation changes. */
 static inline __m256i load_bf16_row16(const uint8_t *src, int kind) {
     if (kind == KV_BF16) return _mm256_loadu_si256((const __m256i *)src);
-    __m256i bits = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)src));
-    bits = _mm256_and_si256(_mm256_slli_epi16(bits, 7), _mm256_set1_epi16((short)0xBF80));
-    return bf16x16_from(_mm512_cvtph_ps(bits));
+    return bf16x16_from(bf16_row16_float(src, kind));
 }
 
 /* Pack keys [16 * block, 16 * block + 16) of one KV head; keys past len are zero. */
@@ -165,10 +162,13 @@ static void block_values(float *acc, int64_t rows, int64_t D, const uint32_t *pr
         }
 }
 
+#endif
+
 typedef struct {
     float *scores, *acc, *top, *total, *rescale;
     uint32_t *probs;
     const uint32_t **q_rows;
+    float *q_f, *probs_f; /* AVX2: the block's queries and probabilities in float32 */
 } Scratch;
 
 /* One block of query tokens of one sequence and KV head. */
@@ -185,10 +185,21 @@ static void attend_block(const uint16_t *q, uint16_t *out, int64_t Hq, int64_t g
             s->total[r] = 0.0f;
         }
     memset(s->acc, 0, sizeof(float) * rows * D);
+#ifdef RESIDENT_AVX2
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < D; c += 16)
+            _mm512_storeu_ps(s->q_f + r * D + c, bf16x16_load(s->q_rows[r] + c / 2));
+#endif
     const int64_t last_pos = first_pos + tokens - 1, blocks = last_pos / KEYS + 1;
     for (int64_t b = 0; b < blocks; b++) {
+#ifdef RESIDENT_AVX2
+        const float *kb = (const float *)k_packed + b * D * KEYS;
+        const float *vb = (const float *)v_packed + b * KEYS * D;
+        block_scores_fma(s->q_f, rows, D, kb, scale, s->scores);
+#else
         const uint32_t *kb = k_packed + b * (D / 2) * KEYS, *vb = v_packed + b * (KEYS / 2) * D;
         block_scores(s->q_rows, rows, D, kb, scale, s->scores);
+#endif
         for (int64_t r = 0; r < rows; r++) {
             const int64_t pos = first_pos + r / group, visible = pos - b * KEYS + 1;
             const __mmask16 m0 = tail_mask(visible > 0 ? visible : 0);
@@ -205,10 +216,17 @@ static void attend_block(const uint16_t *q, uint16_t *out, int64_t Hq, int64_t g
             s->total[r] = s->total[r] * rescale + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
             s->top[r] = top;
             s->rescale[r] = rescale;
+#ifdef RESIDENT_AVX2
+            _mm512_storeu_ps(s->probs_f + r * KEYS, bf16x16_round(p0));
+            _mm512_storeu_ps(s->probs_f + r * KEYS + 16, bf16x16_round(p1));
+        }
+        block_values_fma(s->acc, rows, D, s->probs_f, s->rescale, vb);
+#else
             _mm256_storeu_si256((__m256i *)(s->probs + r * (KEYS / 2)), bf16x16_from(p0));
             _mm256_storeu_si256((__m256i *)(s->probs + r * (KEYS / 2) + 8), bf16x16_from(p1));
         }
         block_values(s->acc, rows, D, s->probs, s->rescale, vb);
+#endif
     }
     for (int64_t t = 0; t < tokens; t++)
         for (int64_t g = 0; g < group; g++) {
@@ -234,8 +252,10 @@ int paged_prefill(const uint16_t *q, const uint8_t *kv, int kv_kind, const int64
 #endif
     const int64_t group = Hq / Hkv, elem = kv_kind == KV_BF16 ? 2 : 1;
     const int64_t max_blocks = (L + KEYS - 1) / KEYS, rows = QUERY_BLOCK * group;
-    uint32_t *k_packed = malloc(sizeof(uint32_t) * (size_t)(max_blocks * KEYS * D / 2 + 1));
-    uint32_t *v_packed = malloc(sizeof(uint32_t) * (size_t)(max_blocks * KEYS * D / 2 + 1));
+    /* 32-bit words a block: BF16 pairs, or on AVX2 float32 values */
+    const int64_t block_words = FMA_FORM ? KEYS * D : KEYS * D / 2;
+    uint32_t *k_packed = malloc(sizeof(uint32_t) * (size_t)(max_blocks * block_words + 1));
+    uint32_t *v_packed = malloc(sizeof(uint32_t) * (size_t)(max_blocks * block_words + 1));
     int failed = !k_packed || !v_packed;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
@@ -247,8 +267,11 @@ int paged_prefill(const uint16_t *q, const uint8_t *kv, int kv_kind, const int64
             .rescale = malloc(sizeof(float) * (size_t)rows),
             .probs = malloc(sizeof(uint32_t) * (size_t)(rows * KEYS / 2)),
             .q_rows = malloc(sizeof(uint32_t *) * (size_t)rows),
+            .q_f = malloc(sizeof(float) * (size_t)(FMA_FORM ? rows * D : 1)),
+            .probs_f = malloc(sizeof(float) * (size_t)(FMA_FORM ? rows * KEYS : 1)),
         };
-        if (!s.scores || !s.acc || !s.top || !s.total || !s.rescale || !s.probs || !s.q_rows) {
+        if (!s.scores || !s.acc || !s.top || !s.total || !s.rescale || !s.probs || !s.q_rows ||
+            !s.q_f || !s.probs_f) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -259,8 +282,14 @@ int paged_prefill(const uint16_t *q, const uint8_t *kv, int kv_kind, const int64
             const int64_t query_blocks = (q_lens[b] + QUERY_BLOCK - 1) / QUERY_BLOCK;
 #pragma omp for schedule(static)
             for (int64_t block = 0; block < blocks; block++)
+#ifdef RESIDENT_AVX2
+                pack_block_fma(kv, kv_kind, elem, Hkv, h, D, slots + b * L, len, block,
+                               (float *)k_packed + block * block_words,
+                               (float *)v_packed + block * block_words);
+#else
                 pack_block(kv, kv_kind, elem, Hkv, h, D, slots + b * L, len, block,
-                           k_packed + block * KEYS * D / 2, v_packed + block * KEYS * D / 2);
+                           k_packed + block * block_words, v_packed + block * block_words);
+#endif
             /* the last query blocks see the most keys: hand them out first */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < query_blocks; i++) {
@@ -272,7 +301,7 @@ int paged_prefill(const uint16_t *q, const uint8_t *kv, int kv_kind, const int64
             }
         }
         free(s.scores), free(s.acc), free(s.top), free(s.total), free(s.rescale), free(s.probs);
-        free(s.q_rows);
+        free(s.q_rows), free(s.q_f), free(s.probs_f);
     }
     free(k_packed), free(v_packed);
     return failed ? -1 : 0;
