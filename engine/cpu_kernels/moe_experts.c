@@ -21,6 +21,7 @@
    expert's output, its weighted value and each index_add_ to bfloat16; this
    sums in float32 and rounds once, which is closer to the exact sum
    (tests/engine/test_cpu_moe_experts.py bounds the difference). */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,6 +61,23 @@ static void gate_up_item(int64_t item, int64_t ig, const int64_t *active, const 
     const int64_t e = active[item / ig], s = start[e];
     gate_up_group(experts + e, fmt, I, item % ig, rows_from(pq, s), start[e + 1] - s,
                   rows_from(aq, s));
+}
+
+/* Reading an expert's tile costs about what multiplying it by this many rows does (a
+   decode step's few rows per expert leave the weights' reads the larger part). */
+enum { TILE_READ_ROWS = 4 };
+
+/* The first gate/up item (expert active[a]'s items are a * ig .. a * ig + ig - 1) before
+   which the items cost at least `share`, each its expert's rows plus TILE_READ_ROWS. */
+static int64_t item_boundary(int64_t A, int64_t ig, const int64_t *active, const int64_t *start,
+                             int64_t share) {
+    int64_t cost = 0;
+    for (int64_t item = 0; item < A * ig; item++) {
+        if (cost >= share) return item;
+        const int64_t e = active[item / ig];
+        cost += start[e + 1] - start[e] + TILE_READ_ROWS;
+    }
+    return A * ig;
 }
 
 /* Pair q's copy of its token's int8 row and group sums: each expert's rows side by
@@ -126,10 +144,7 @@ int moe_experts(const uint16_t *x, int64_t T, int64_t H, int64_t I, const int64_
         token[q] = p / k;
         pair_weight[q] = weights[p];
     }
-    const int64_t first_count = A ? start[active[0] + 1] - start[active[0]] : 0;
-    int uniform = 1; /* every active expert has as many pairs */
-    for (int64_t a = 1; a < A; a++)
-        uniform &= start[active[a] + 1] - start[active[a]] == first_count;
+    const int64_t total_cost = (P + A * TILE_READ_ROWS) * ig; /* of all gate/up items */
     const int64_t down_tile = tile_bytes(down_fmt, ig);
     const int64_t down_scales = tile_scale_bytes(down_fmt, ig);
     /* A decode step's few tokens are quantized and gathered before the team starts,
@@ -147,29 +162,31 @@ int moe_experts(const uint16_t *x, int64_t T, int64_t H, int64_t I, const int64_
 #pragma omp for schedule(static)
             for (int64_t q = 0; q < P; q++) gather_pair(q, token, xq, pq);
         }
-        /* Experts differing in token count make items differ in cost: they are handed
-           out as threads free up. Where every expert has as many (a decode step of one
-           sequence), each thread takes one run of items instead, so its reads go on
-           through each expert's weights in order rather than skipping the items the
-           other thread took (the hardware prefetchers follow one stream). */
-        if (uniform) {
-#pragma omp for schedule(static)
-            for (int64_t item = 0; item < A * ig; item++)
-                gate_up_item(item, ig, active, start, experts, gate_up_fmt, I, pq, aq);
-        } else {
-#pragma omp for schedule(dynamic)
-            for (int64_t item = 0; item < A * ig; item++)
+        /* Each thread takes one run of the items, the runs of equal cost, so its reads go
+           on through each expert's weights in order (the hardware prefetchers follow one
+           stream) rather than interleaving with the other thread's item by item. */
+        {
+            const int team = omp_get_num_threads(), tid = omp_get_thread_num();
+            const int64_t first = item_boundary(A, ig, active, start, total_cost * tid / team);
+            const int64_t last = item_boundary(A, ig, active, start, total_cost * (tid + 1) / team);
+            for (int64_t item = first; item < last; item++)
                 gate_up_item(item, ig, active, start, experts, gate_up_fmt, I, pq, aq);
         }
-        /* A tile's 16 columns belong to one thread: it sums over the experts unraced. */
-#pragma omp for schedule(static)
-        for (int64_t n = 0; n < H / TILE; n++) {
-            float acc[ROW_BLOCK * TILE];
-            for (int64_t t = 0; t < T; t++)
+#pragma omp barrier
+        /* A run of output tiles belongs to each thread: it sums over the experts unraced,
+           and walks the experts outer, so its reads of each expert's down weights are one
+           stream (tile by tile, every expert's tile n was a stream of a few KB). The sums
+           per token and tile still run over the experts in order. */
+        const int team = omp_get_num_threads(), tid = omp_get_thread_num();
+        const int64_t tiles = H / TILE, n0 = tiles * tid / team, n1 = tiles * (tid + 1) / team;
+        float acc[ROW_BLOCK * TILE];
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t n = n0; n < n1; n++)
                 _mm512_storeu_ps(sum + t * H + n * TILE, _mm512_setzero_ps());
-            for (int64_t a = 0; a < A; a++) {
-                const MoeExpert *ex = experts + active[a];
-                const int64_t s = start[active[a]], rows = start[active[a] + 1] - s;
+        for (int64_t a = 0; a < A; a++) {
+            const MoeExpert *ex = experts + active[a];
+            const int64_t s = start[active[a]], rows = start[active[a] + 1] - s;
+            for (int64_t n = n0; n < n1; n++)
                 for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
                     const int64_t m = rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK, p0 = s + r0;
                     tile_rows(ex->down_codes + n * down_tile, ex->down_scales + n * down_scales,
@@ -181,11 +198,11 @@ int moe_experts(const uint16_t *x, int64_t T, int64_t H, int64_t I, const int64_
                                                               _mm512_loadu_ps(dst)));
                     }
                 }
-            }
-            for (int64_t t = 0; t < T; t++)
+        }
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t n = n0; n < n1; n++)
                 _mm256_storeu_si256((__m256i *)(out + t * H + n * TILE),
                                     bf16x16_from(_mm512_loadu_ps(sum + t * H + n * TILE)));
-        }
     }
     free(index), free(floats), free(sums), free(bytes);
     return 0;

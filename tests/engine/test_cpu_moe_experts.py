@@ -188,3 +188,24 @@ def test_a_model_decodes_the_same_with_the_fused_experts_on_and_off(family, tmp_
                 first, second = sorted(a.logprobs[step].top.values(), reverse=True)[:2]
                 assert first - second <= 2 * LOGIT_TOL, (step, first, second)
                 break
+
+
+@pytest.mark.parametrize("tokens", [3, 16])
+def test_the_result_does_not_depend_on_the_thread_count(tokens):
+    """Threads take runs of the gate/up items split at equal cost and runs of the output
+    tiles; each token's sum still runs over its experts in order, so 1, 2 or 3 threads give
+    the same bits, including where the experts' token counts differ (expert 0 has all)."""
+    moe = _moe(8, q4_1_values)
+    fused = CpuMoeExperts.build(moe)
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, HIDDEN, generator=gen).bfloat16()
+    weights, ids = _routes(tokens, 8, gen)
+    previous = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append(fused.run(x, weights, ids))
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
