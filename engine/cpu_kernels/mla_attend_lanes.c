@@ -23,22 +23,12 @@
 
 #include "mla_attend.h"
 
-/* Columns of the scores at a time: the queries' part (8 KB) and the tile's stay in L1. */
-enum { CHUNK = 128 };
-
-/* scores[i][0..16) (+)= sum over c < cn of tile[i][c] * queries[c][0..16), four rows;
-   `first`: set rather than add to. */
+/* scores[i][0..16) = sum over c of tile[i][c] * queries[c][0..16), four rows. */
 static inline void score_rows4(const float *queries, const float *tile, int64_t width,
-                               int64_t cn, int first, float *scores) {
+                               float *scores) {
     const float *t0 = tile, *t1 = tile + width, *t2 = tile + 2 * width, *t3 = tile + 3 * width;
     __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
-    if (!first) {
-        a0 = _mm256_loadu_ps(scores), b0 = _mm256_loadu_ps(scores + 8);
-        a1 = _mm256_loadu_ps(scores + 16), b1 = _mm256_loadu_ps(scores + 24);
-        a2 = _mm256_loadu_ps(scores + 32), b2 = _mm256_loadu_ps(scores + 40);
-        a3 = _mm256_loadu_ps(scores + 48), b3 = _mm256_loadu_ps(scores + 56);
-    }
-    for (int64_t c = 0; c < cn; c++) {
+    for (int64_t c = 0; c < width; c++) {
         const __m256 lo = _mm256_loadu_ps(queries + c * MAX_BLOCK);
         const __m256 hi = _mm256_loadu_ps(queries + c * MAX_BLOCK + 8);
         __m256 x = _mm256_broadcast_ss(t0 + c);
@@ -94,12 +84,12 @@ static inline void accumulate_cols4(float *acc, const float *alpha, const float 
 
 /* score_rows4 for up to 8 heads (one register of lanes), eight rows. */
 static inline void score_rows8_narrow(const float *queries, const float *tile, int64_t width,
-                                      int64_t cn, int first, float *scores) {
-#define INIT(i) __m256 a##i = first ? _mm256_setzero_ps() : _mm256_loadu_ps(scores + i * MAX_BLOCK);
+                                      float *scores) {
+#define INIT(i) __m256 a##i = _mm256_setzero_ps();
 #define STEP(i) a##i = _mm256_fmadd_ps(_mm256_broadcast_ss(tile + i * width + c), q, a##i);
 #define STORE(i) _mm256_storeu_ps(scores + i * MAX_BLOCK, a##i);
     EACH8(INIT)
-    for (int64_t c = 0; c < cn; c++) {
+    for (int64_t c = 0; c < width; c++) {
         const __m256 q = _mm256_loadu_ps(queries + c * MAX_BLOCK);
         EACH8(STEP)
     }
@@ -148,13 +138,9 @@ void mla_attend_lanes(const struct mla_shape *s, const float *queries, int64_t h
         decode_tile(s, rows, kind, slots + j0, n, w->tile);
         /* Rows n.. of the tile hold an earlier tile's (finite) values: their scores are
            not read. */
-        for (int64_t c0 = 0; c0 < width; c0 += CHUNK) {
-            const int64_t cn = width - c0 < CHUNK ? width - c0 : CHUNK;
-            for (int64_t i0 = 0; i0 < n; i0 += narrow ? 8 : 4)
-                (narrow ? score_rows8_narrow : score_rows4)(qt + c0 * MAX_BLOCK,
-                                                            w->tile + i0 * width + c0, width, cn,
-                                                            c0 == 0, w->scores + i0 * MAX_BLOCK);
-        }
+        for (int64_t i0 = 0; i0 < n; i0 += narrow ? 8 : 4)
+            (narrow ? score_rows8_narrow : score_rows4)(qt, w->tile + i0 * width, width,
+                                                        w->scores + i0 * MAX_BLOCK);
         __m512 new_top = top;
         for (int64_t i = 0; i < n; i++)
             new_top = _mm512_max_ps(new_top, _mm512_loadu_ps(w->scores + i * MAX_BLOCK));
@@ -176,9 +162,7 @@ void mla_attend_lanes(const struct mla_shape *s, const float *queries, int64_t h
             for (int64_t c0 = 0; c0 < lat_w; c0 += 4)
                 accumulate_cols4(acc + c0 * MAX_BLOCK, alpha, w->p, w->tile, c0, n, width);
     }
-    float norm[MAX_BLOCK];
-    _mm512_storeu_ps(norm, _mm512_setzero_ps());
-    float sums[MAX_BLOCK];
+    float norm[MAX_BLOCK], sums[MAX_BLOCK];
     _mm512_storeu_ps(sums, total);
     for (int64_t g = 0; g < heads; g++) norm[g] = sums[g] > 0.0f ? latent_factor / sums[g] : 0.0f;
     for (int64_t g = 0; g < heads; g++)
