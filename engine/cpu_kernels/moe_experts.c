@@ -156,6 +156,7 @@ int moe_experts(const uint16_t *x, int64_t T, int64_t H, int64_t I, const int64_
     }
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
+        const int team = omp_get_num_threads(), tid = omp_get_thread_num();
         if (split_rows) {
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < T; t++) quantize_row(x + t * H, 1, xq, t);
@@ -165,19 +166,15 @@ int moe_experts(const uint16_t *x, int64_t T, int64_t H, int64_t I, const int64_
         /* Each thread takes one run of the items, the runs of equal cost, so its reads go
            on through each expert's weights in order (the hardware prefetchers follow one
            stream) rather than interleaving with the other thread's item by item. */
-        {
-            const int team = omp_get_num_threads(), tid = omp_get_thread_num();
-            const int64_t first = item_boundary(A, ig, active, start, total_cost * tid / team);
-            const int64_t last = item_boundary(A, ig, active, start, total_cost * (tid + 1) / team);
-            for (int64_t item = first; item < last; item++)
-                gate_up_item(item, ig, active, start, experts, gate_up_fmt, I, pq, aq);
-        }
+        const int64_t first = item_boundary(A, ig, active, start, total_cost * tid / team);
+        const int64_t last = item_boundary(A, ig, active, start, total_cost * (tid + 1) / team);
+        for (int64_t item = first; item < last; item++)
+            gate_up_item(item, ig, active, start, experts, gate_up_fmt, I, pq, aq);
 #pragma omp barrier
         /* A run of output tiles belongs to each thread: it sums over the experts unraced,
            and walks the experts outer, so its reads of each expert's down weights are one
            stream (tile by tile, every expert's tile n was a stream of a few KB). The sums
            per token and tile still run over the experts in order. */
-        const int team = omp_get_num_threads(), tid = omp_get_thread_num();
         const int64_t tiles = H / TILE, n0 = tiles * tid / team, n1 = tiles * (tid + 1) / team;
         float acc[ROW_BLOCK * TILE];
         for (int64_t t = 0; t < T; t++)
