@@ -141,6 +141,8 @@ ALWAYS_INLINE __m512 group_row(int fmt, const __m512i w[8], GroupScales s, Int8R
     return _mm512_fmadd_ps(s.offset, _mm512_set1_ps(x.c[i]), a);
 }
 
+#include "grid_tiles_avx2.h"
+
 /* acc[r][16] = rows 0..rows of x times one tile of 16 weight rows in format fmt. One row
    (a decode step) keeps its accumulator in a register; more go through acc every group.
    The same operations in the same order either way, so a row's result does not depend
@@ -149,6 +151,12 @@ ALWAYS_INLINE void tile_pass(int fmt, const uint8_t *tile, const uint8_t *scales
                              Int8Rows x, int64_t rows, float *acc) {
     const int64_t per = block_groups(fmt), code_bytes = group_bytes(fmt);
     const int64_t scale_bytes = block_scale_bytes(fmt);
+#ifdef RESIDENT_AVX2
+    if (rows > 1 && fmt != GRID_U8) {
+        tile_pass_block(fmt, tile, scales, groups, x, rows, acc);
+        return;
+    }
+#endif
     __m512 one = _mm512_setzero_ps();
     if (rows > 1)
         for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(acc + r * TILE, _mm512_setzero_ps());
