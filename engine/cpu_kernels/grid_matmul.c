@@ -8,6 +8,7 @@
    are kept as the file stores them (half, and bytes for the K-quants' 6-bit factors):
    float32 ones would be a fifth of a 4-bit weight's bytes, read on every decode step. */
 #include "simd_arch.h"
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -31,6 +32,7 @@ int grid_matmul(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *
     }
     const int64_t w_tile = tile_bytes(fmt, groups), s_tile = tile_scale_bytes(fmt, groups);
     const int in_elem = x_bf16 ? 2 : 4, out_elem = out_bf16 ? 2 : 4;
+    const int64_t row_block = grid_row_block(K);
     /* A decode step's few rows are quantized before the team starts: splitting
        them would cost a barrier (the other thread waits) for under a microsecond. */
     const int split_rows = M > SERIAL_QUANTIZE_ROWS;
@@ -44,14 +46,21 @@ int grid_matmul(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *
             for (int64_t r = 0; r < M; r++)
                 quantize_row((const char *)x + r * K * in_elem, x_bf16, xq, r);
         }
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            float acc[ROW_BLOCK * TILE];
-            const int64_t n0 = t * TILE;
-            const __mmask16 mask = N - n0 >= TILE ? 0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
-            const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
-            for (int64_t r0 = 0; r0 < M; r0 += ROW_BLOCK) {
-                const int64_t rows = M - r0 < ROW_BLOCK ? M - r0 : ROW_BLOCK;
+        /* Each thread its own run of tiles, walked for one block of rows after another:
+           the block's int8 rows stay in cache while the weights stream past (tiles
+           outer streamed every row through each tile: 3-9% slower on AVX2). The
+           quantizing loop's barrier (or none, the rows quantized before) comes first. */
+        const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+        const int64_t t_lo = tiles * me / team, t_hi = tiles * (me + 1) / team;
+        float acc[MAX_ROW_BLOCK * TILE];
+        for (int64_t r0 = 0; r0 < M; r0 += row_block) {
+            const int64_t rows = M - r0 < row_block ? M - r0 : row_block;
+            for (int64_t t = t_lo; t < t_hi; t++) {
+                const int64_t n0 = t * TILE;
+                const __mmask16 mask =
+                    N - n0 >= TILE ? 0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
+                const __m512 b =
+                    bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
                 tile_rows(weight + t * w_tile, scales + t * s_tile, fmt, groups,
                           rows_from(xq, r0), rows, acc);
                 for (int64_t r = 0; r < rows; r++)

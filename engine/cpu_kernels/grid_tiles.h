@@ -11,6 +11,22 @@
 #include "simd.h"
 
 #define ROW_BLOCK 16
+/* The most rows grid_row_block hands out (a caller's accumulators: 4 KB). */
+#define MAX_ROW_BLOCK 64
+
+/* Activation rows a plain product takes through one tile at a time. On AVX2 each group's
+   codes are unpacked once a block (grid_tiles_avx2.h), so more rows spread that work:
+   as many as keep the block's int8 rows within 64 KB (two L1 caches' worth; past that
+   the rows come from L2 and more of them measured no faster). */
+static inline int64_t grid_row_block(int64_t K) {
+#ifdef RESIDENT_AVX2
+    int64_t rows = 65536 / K / 4 * 4;
+    return rows < ROW_BLOCK ? ROW_BLOCK : rows > MAX_ROW_BLOCK ? MAX_ROW_BLOCK : rows;
+#else
+    (void)K;
+    return ROW_BLOCK;
+#endif
+}
 /* Up to this many activation rows are quantized before the OpenMP team starts. */
 #define SERIAL_QUANTIZE_ROWS 4
 
