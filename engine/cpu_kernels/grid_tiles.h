@@ -167,12 +167,6 @@ ALWAYS_INLINE void tile_pass(int fmt, const uint8_t *tile, const uint8_t *scales
                              Int8Rows x, int64_t rows, float *acc) {
     const int64_t per = block_groups(fmt), code_bytes = group_bytes(fmt);
     const int64_t scale_bytes = block_scale_bytes(fmt);
-#ifdef RESIDENT_AVX2
-    if (rows > 1 && fmt != GRID_U8) {
-        tile_pass_block(fmt, tile, scales, groups, x, rows, acc);
-        return;
-    }
-#endif
     __m512 one = _mm512_setzero_ps();
     if (rows > 1)
         for (int64_t r = 0; r < rows; r++) _mm512_storeu_ps(acc + r * TILE, _mm512_setzero_ps());
@@ -188,6 +182,12 @@ ALWAYS_INLINE void tile_pass(int fmt, const uint8_t *tile, const uint8_t *scales
                 one = group_row(fmt, w, s, x, 0, g, one);
                 continue;
             }
+#ifdef RESIDENT_AVX2
+            if (fmt != GRID_U8) {  /* the same steps, rows in blocks (grid_tiles_avx2.h) */
+                group_rows_blocked(fmt, w, s, x, rows, g, acc);
+                continue;
+            }
+#endif
             for (int64_t r = 0; r < rows; r++)
                 _mm512_storeu_ps(acc + r * TILE,
                                  group_row(fmt, w, s, x, r, g, _mm512_loadu_ps(acc + r * TILE)));
