@@ -35,6 +35,10 @@ $(LLAMA_CPP)/convert_hf_to_gguf.py: | $(STAMP)
 	mv $(LLAMA_CPP).partial $(LLAMA_CPP)
 
 setup: $(STAMP)
+	# The project's bytecode, as a wheel's install writes it: where Python may not write
+	# it itself (PYTHONDONTWRITEBYTECODE, a read-only checkout) every start compiled the
+	# sources again, 0.2 s of a server's 1.8 s start. Files already current are skipped.
+	$(BIN)/python -m compileall -q engine agent tools prompts
 	$(BIN)/resident models pull
 
 run: setup

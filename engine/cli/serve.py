@@ -18,7 +18,7 @@ from typing import Any
 import typer
 
 from engine.cli.common import fail, setting_option, setting_type
-from engine.host import early_pages
+from engine.host import early_pages, start_up_collector
 from engine.server.options import SERVE_FLAGS, SERVE_SETTINGS, ServeOptions
 
 
@@ -31,8 +31,17 @@ def serve(**given: Any) -> None:
     for name in ("resident.serve", "engine.kv.calibration"):
         logging.getLogger(name).setLevel(logging.INFO)
     options = ServeOptions(**given)
-    # Before the imports below (torch's takes a second): the packed weights' memory, made
-    # on the other core meanwhile. The server runs on CUDA when it can (no --device).
+    # Before the imports below (torch's takes a second): no garbage collection until the
+    # server is about to serve (start_up_collector.py), and the packed weights' memory,
+    # made on the other core meanwhile. The server runs on CUDA when it can (no --device).
+    start_up_collector.hold()
+    try:
+        _serve(options)
+    finally:
+        start_up_collector.release(freeze=False)  # not released if it never got to serve
+
+
+def _serve(options: ServeOptions) -> None:
     if early_pages.packs_here(options.model, None, options.tensor_parallel_size * options.nnodes):
         early_pages.prepare(options.model)
     from engine.errors import EngineError

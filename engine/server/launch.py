@@ -19,7 +19,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig, unknown_choice
-from engine.host import early_pages
+from engine.host import early_pages, start_up_collector
 from engine.host.memory_advice import start_up_finished
 from engine.server.options import (
     API_KEY_ENV,
@@ -310,6 +310,7 @@ def serve(options: ServeOptions) -> int:
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
         )
         start_up_finished()  # what waited for the server to be up (huge-page collapse)
+        start_up_collector.release(freeze=True)  # what start-up made: never walked again
         with _sigterm_ends_run():
             uvicorn.Server(config).run(sockets=[listener])
         save_prefixes(engine)
