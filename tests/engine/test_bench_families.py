@@ -176,6 +176,7 @@ def _result(llama_cpp: dict, ratios: dict | None = None) -> dict:
             "one_stream": {"tok_s": 30.0},
             "load": {"load_s": 5.0, "peak_rss_bytes": 2**30, "peak_rss_over_gguf": 5.77},
             "decode_bytes": 75_500_000,
+            "read_bandwidth_share": 0.5,
             "copy_bandwidth_share": 0.25,
         },
         "llama_cpp": llama_cpp,
@@ -187,7 +188,7 @@ def _result(llama_cpp: dict, ratios: dict | None = None) -> dict:
         "rounds": 3,
         "threads": 2,
         "resident_source": "folder",
-        "machine": {**machine, "copy_bandwidth_bytes_s": 26e9},
+        "machine": {**machine, "read_bandwidth_bytes_s": 13e9, "copy_bandwidth_bytes_s": 26e9},
         "families": {"glm4_moe": family},
     }
 
@@ -201,7 +202,10 @@ def test_the_table_gives_both_engines_and_the_ratio():
     assert row.split()[-3:] == ["30.0", "20.0", "1.50"]
     row = next(line for line in table.splitlines() if "decode MB read/token" in line)
     assert row.split()[-3:] == ["75.5", "73.0", "-"]
-    assert "26.0 GB/s" in table and "not measured" not in table
+    assert "read bandwidth 13.0 GB/s, copy bandwidth 26.0 GB/s" in table
+    row = next(line for line in table.splitlines() if "share of read bandwidth" in line)
+    assert row.split()[-3:] == ["50%", "-", "-"]
+    assert "not measured" not in table
 
 
 def test_the_table_says_why_llama_cpp_was_not_measured():
@@ -227,6 +231,7 @@ def test_a_short_run_measures_resident_alone_without_llama_cpp(tmp_path, monkeyp
     assert result.exit_code == 0, result.output
     measured = json.loads(result.output)
     assert measured["machine"]["copy_bandwidth_bytes_s"] > 0
+    assert measured["machine"]["read_bandwidth_bytes_s"] > 0
     assert "cpu_matrix_isa" in measured["machine"]
     family = measured["families"]["glm4_moe"]
     assert family["llama_cpp"] == {"measured": False, "reason": family["why_no_gguf"]}

@@ -146,3 +146,27 @@ def copy_bandwidth(threads: int, repeats: int = 5) -> float:
         return 2 * source.nbytes / best
     finally:
         torch.set_num_threads(previous)
+
+
+def read_bandwidth(threads: int, repeats: int = 5) -> float:
+    """Bytes read per second by a torch sum on `threads` threads over a buffer twice the
+    last-level cache (at least 512 MiB): the ceiling of one-stream decode, which reads its
+    weights and writes almost nothing (the copy bandwidth counts a write per byte read, so
+    a decode can pass it). The values are random: a hypervisor may merge pages that hold
+    the same bytes (a sum of ones ran at 52 GB/s where random values ran at 34, 2 Zen 4
+    cores), and merged pages are read from cache."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        values = torch.rand(max(2**29, 2 * (last_level_cache_bytes() or 0)) // 4)
+        values.sum()  # first touch
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            values.sum()
+            best = min(best, time.perf_counter() - start)
+        return values.nbytes / best
+    finally:
+        torch.set_num_threads(previous)

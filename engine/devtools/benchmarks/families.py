@@ -25,7 +25,8 @@ Resident decodes faster, or loads slower, or holds more).
 
 Single-stream decode is memory-bound, so it is also given as bytes read per
 token (decode_bytes.py: the active weights at the size each engine holds them)
-and as the share of this machine's copy bandwidth each engine reaches.
+and as the share of this machine's read and copy bandwidth each engine reaches (the
+read bandwidth is the ceiling: a decode reads its weights and writes next to nothing).
 
 Without llama.cpp (neither `--llama-cpp` nor RESIDENT_LLAMA_CPP, or no
 converter or binaries there, or a conversion that fails) Resident is measured
@@ -46,6 +47,7 @@ from engine.devtools.benchmarks.decode_bytes import (
     copy_bandwidth,
     gguf_decode_bytes,
     last_level_cache_bytes,
+    read_bandwidth,
 )
 from engine.devtools.benchmarks.families_llama_cpp import LlamaCppSide
 from engine.devtools.benchmarks.families_resident import ResidentSide
@@ -120,7 +122,7 @@ def _ratios(resident: dict, peer: dict) -> dict:
     return ratios
 
 
-def _summary(figures, samples: dict, facts: dict, gguf_bytes: int | None, bandwidth: float):
+def _summary(figures, samples: dict, facts: dict, gguf_bytes: int | None, bandwidth: dict):
     summary = {figure: _best(figure, samples[figure]) for figure in figures}
     summary = {figure: best for figure, best in summary.items() if best}
     summary.update(facts)
@@ -130,7 +132,9 @@ def _summary(figures, samples: dict, facts: dict, gguf_bytes: int | None, bandwi
     rate = summary.get("one_stream", {}).get("tok_s")
     if rate and summary.get("decode_bytes"):
         summary["decode_bytes_s"] = summary["decode_bytes"] * rate
-        summary["copy_bandwidth_share"] = round(summary["decode_bytes_s"] / bandwidth, 3)
+        for kind in ("read", "copy"):
+            share = summary["decode_bytes_s"] / bandwidth[f"{kind}_bandwidth_bytes_s"]
+            summary[f"{kind}_bandwidth_share"] = round(share, 3)
     return summary
 
 
@@ -246,7 +250,11 @@ def run_families(
     if llama_cpp is not None and llama_cpp.lacking(PEER_BINARIES):
         missing = ", ".join(llama_cpp.lacking(PEER_BINARIES))
         peer_reason = f"{llama_cpp.binary('')} lacks {missing}"
-    bandwidth = copy_bandwidth(threads)  # before any engine runs: the machine at its quietest
+    # Before any engine runs: the machine at its quietest.
+    bandwidth = {
+        "read_bandwidth_bytes_s": read_bandwidth(threads),
+        "copy_bandwidth_bytes_s": copy_bandwidth(threads),
+    }
     result = {
         "benchmark": "families",
         "figures": list(figures),
@@ -264,7 +272,7 @@ def run_families(
             **machine(),
             "cpu_model": _cpu_model(),
             "last_level_cache_bytes": last_level_cache_bytes(),
-            "copy_bandwidth_bytes_s": bandwidth,
+            **bandwidth,
         },
         "llama_cpp": {"dir": str(llama_cpp.root) if llama_cpp else llama_cpp_dir},
         "families": {},
@@ -305,6 +313,7 @@ _ROWS = (
     ("first start peak MiB", "load", "first_start_peak_rss_bytes", 2**-20, "{:.0f}", None),
     ("peak RSS / GGUF size", "load", "peak_rss_over_gguf", 1, "{:.2f}", None),
     ("decode MB read/token", None, "decode_bytes", 1e-6, "{:.1f}", None),
+    ("share of read bandwidth", None, "read_bandwidth_share", 100, "{:.0f}%", None),
     ("share of copy bandwidth", None, "copy_bandwidth_share", 100, "{:.0f}%", None),
 )
 
@@ -346,6 +355,11 @@ def _family_lines(family: str, measured: dict) -> list[str]:
     return lines
 
 
+def _read_bandwidth(machine: dict) -> str:
+    read = machine.get("read_bandwidth_bytes_s")  # results from before it was measured lack it
+    return f"read bandwidth {read / 1e9:.1f} GB/s, " if read else ""
+
+
 def header_lines(result: dict) -> list[str]:
     machine = result["machine"]
     return [
@@ -353,7 +367,8 @@ def header_lines(result: dict) -> list[str]:
         f"{result['threads']} threads, {result.get('quant', QUANT)} files, Resident from the "
         f"{result['resident_source']}; ratio = Resident / llama.cpp",
         f"{machine['cpu_model']}, {machine['cores']} cores, {machine.get('cpu_matrix_isa')}; "
-        f"copy bandwidth {machine['copy_bandwidth_bytes_s'] / 1e9:.1f} GB/s (read + write)",
+        f"{_read_bandwidth(machine)}copy bandwidth "
+        f"{machine['copy_bandwidth_bytes_s'] / 1e9:.1f} GB/s (read + write)",
     ]
 
 
