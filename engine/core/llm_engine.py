@@ -26,7 +26,6 @@ from engine.core.engine_stats import engine_load, engine_stats
 from engine.core.intake import RequestIntake
 from engine.core.output_processor import OutputProcessor
 from engine.errors import WorkerDiedError
-from engine.host import start_up_collector
 from engine.requests.outputs import RequestOutput
 from engine.requests.params import SamplingParams
 from engine.requests.sequence import ScheduledSequence, Sequence
@@ -37,8 +36,7 @@ if TYPE_CHECKING:
 
 class LLMEngine(EngineAttributes):
     def __init__(self, config: EngineConfig):
-        with start_up_collector.held():  # ~0.1 s of full collections of what lives on
-            self.parts = assemble_engine(config)
+        self.parts = assemble_engine(config)
         parts, rank = self.parts, self.parts.rank
         self.intake = RequestIntake(
             parts.tokenizer, rank.model_config, rank.max_model_len, parts.eos_token_ids

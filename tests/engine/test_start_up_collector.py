@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.cli import engine_app
+from engine.config import EngineConfig
 from engine.host import start_up_collector
 
 
@@ -72,19 +73,20 @@ def test_hold_is_a_no_op_when_the_caller_disabled_collection():
 
 
 def test_engine_build_runs_without_collections(monkeypatch):
-    from engine.core import llm_engine
+    from engine.core import engine_parts, llm_engine
 
     seen = []
 
-    def assemble(config):
+    def resolve(model):
         seen.append(gc.isenabled())
         raise RuntimeError("stop after the check")
 
-    monkeypatch.setattr(llm_engine, "assemble_engine", assemble)
+    monkeypatch.setattr(engine_parts, "resolve_model", resolve)
     gc.enable()
-    with pytest.raises(RuntimeError):
-        llm_engine.LLMEngine(config=None)
-    assert seen == [False]
+    for _ in range(2):  # the decorator holds it on every build
+        with pytest.raises(RuntimeError):
+            llm_engine.LLMEngine(EngineConfig(model="m"))
+    assert seen == [False, False]
     assert gc.isenabled()
 
 
