@@ -38,7 +38,9 @@ def serve(**given: Any) -> None:
     try:
         _serve(options)
     finally:
-        start_up_collector.release(freeze=False)  # not released if it never got to serve
+        # A serve that never got as far as serving (a usage error, a failed load) gives
+        # the collector back unfrozen; one that served released it already.
+        start_up_collector.release(freeze=False)
 
 
 def _serve(options: ServeOptions) -> None:

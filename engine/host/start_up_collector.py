@@ -7,8 +7,9 @@ grown by a quarter, and a full collection walks every tracked object: 110-180 ms
 on a 2-core Zen 4 VM, several of them during a start that leaves almost nothing to
 collect (a server started on a 0.85B Llama or a 2B Kimi-shaped GGUF file left 10 to
 7,197 unreachable objects, under 1 MiB, and collecting them gave back no resident
-page). Held off, a later start of `resident serve` on the 0.85B Llama file reached its
-first token 0.3 s sooner (2.19 -> 1.88 s) at the same peak memory.
+page). Held off, a later start of `python -m engine serve` on the 0.85B Llama GGUF file
+reached its first token 2.24 -> 1.78 s (`resident bench families --families llama
+--figures load`) at the same peak memory.
 
 - `held()`: no automatic collection while an engine is built, by any caller (LLM,
   AsyncEngine, the agent's local engine); the collector is as it was afterwards.

@@ -17,6 +17,7 @@ from engine.host import start_up_collector
 @pytest.fixture(autouse=True)
 def _collector_restored():
     enabled = gc.isenabled()
+    gc.unfreeze()  # a freeze from an earlier test in this process must not count here
     yield
     gc.unfreeze()
     start_up_collector._held = False

@@ -135,7 +135,7 @@ def copy_bandwidth(threads: int, repeats: int = 5) -> float:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        source = torch.ones(max(2**29, 2 * (last_level_cache_bytes() or 0)) // 4)
+        source = torch.ones(_beyond_cache_bytes() // 4)
         target = torch.empty_like(source)
         target.copy_(source)  # first touch: page faults are not bandwidth
         best = float("inf")
@@ -153,34 +153,33 @@ def read_bandwidth(threads: int, repeats: int = 5) -> float:
     last-level cache (at least 512 MiB): the ceiling of one-stream decode, which reads its
     weights and writes almost nothing (the copy bandwidth counts a write per byte read, so
     a decode can pass it). The buffer is in huge pages where the kernel gives them, as the
-    packed weights are once collapsed (4 KiB pages read 10% slower on 2 Zen 4 cores), and
+    packed weights are once collapsed (4 KiB pages read 4-12% slower on 2 Zen 4 cores), and
     holds random values: a hypervisor may merge pages of equal bytes (a sum of ones ran at
     52 GB/s where random values ran at 34 there), and merged pages are read from cache."""
-    import ctypes
-    import mmap
-
     import torch
 
     from engine.host.madvise import HUGE_PAGE, MADV_COLLAPSE, MADV_HUGEPAGE, advise
 
-    nbytes = -(-max(2**29, 2 * (last_level_cache_bytes() or 0)) // HUGE_PAGE) * HUGE_PAGE
-    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
-    address = ctypes.addressof(ctypes.c_char.from_buffer(region))
-    start = -address % HUGE_PAGE
-    advise(address + start, nbytes, MADV_HUGEPAGE)
+    nbytes = -(-_beyond_cache_bytes() // HUGE_PAGE) * HUGE_PAGE
+    raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)  # not yet touched: no pages
+    offset = -raw.data_ptr() % HUGE_PAGE
+    advise(raw.data_ptr() + offset, nbytes, MADV_HUGEPAGE)  # before the first write
+    values = raw[offset : offset + nbytes].view(torch.float32)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        values = torch.frombuffer(region, dtype=torch.float32, offset=start, count=nbytes // 4)
-        values.copy_(torch.rand(values.numel()))
-        advise(address + start, nbytes, MADV_COLLAPSE)  # where THP came too late
+        values.uniform_()
+        advise(values.data_ptr(), nbytes, MADV_COLLAPSE)  # where huge pages came too late
         best = float("inf")
         for _ in range(repeats):
-            began = time.perf_counter()
+            start = time.perf_counter()
             values.sum()
-            best = min(best, time.perf_counter() - began)
+            best = min(best, time.perf_counter() - start)
         return nbytes / best
     finally:
         torch.set_num_threads(previous)
-        del values
-        region.close()
+
+
+def _beyond_cache_bytes() -> int:
+    """A buffer size that streams from memory: twice the last-level cache, at least 512 MiB."""
+    return max(2**29, 2 * (last_level_cache_bytes() or 0))
