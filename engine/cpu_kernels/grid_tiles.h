@@ -159,6 +159,18 @@ ALWAYS_INLINE __m512 group_row(int fmt, const __m512i w[8], GroupScales s, Int8R
 
 #include "grid_tiles_avx2.h"
 
+/* A decode step's product streams its weights once, at the memory's pace: a group's codes
+   are asked for CODES_AHEAD bytes before they are used (the next tile's near a tile's end:
+   tiles lie one after another). The hardware's stream prefetchers stop at each 4 KiB page,
+   where the product waited. On a 0.85B Llama's Q4_K_M decode step (Zen 4, 2 threads, one
+   process alternating builds): one stream 1.09-1.12x with 4 KiB ahead (1 KiB 1.06, 8 KiB
+   1.09, 16 KiB 1.07), 16 at once 1.13x, a 2,048-token prefill 1.00x (its row blocks reuse
+   each tile from cache). A prefetch past the weights' end faults nothing. */
+#define CODES_AHEAD 4096
+ALWAYS_INLINE void prefetch_codes(const char *codes, int64_t bytes) {
+    for (int64_t c = 0; c < bytes; c += 64) _mm_prefetch(codes + c, _MM_HINT_T0);
+}
+
 /* acc[r][16] = rows 0..rows of x times one tile of 16 weight rows in format fmt. One row
    (a decode step) keeps its accumulator in a register; more go through acc every group.
    The same operations in the same order either way, so a row's result does not depend
@@ -176,6 +188,7 @@ ALWAYS_INLINE void tile_pass(int fmt, const uint8_t *tile, const uint8_t *scales
         for (int64_t j = 0; j < per; j++) {
             const int64_t g = b * per + j;
             __m512i w[8];
+            prefetch_codes((const char *)tile + g * code_bytes + CODES_AHEAD, code_bytes);
             group_vectors(fmt, tile + g * code_bytes, w);
             const GroupScales s = group_scales(fmt, bs, block, j);
             if (rows == 1) {
