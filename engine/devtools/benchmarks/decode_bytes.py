@@ -132,20 +132,9 @@ def copy_bandwidth(threads: int, repeats: int = 5) -> float:
     twice the last-level cache (at least 512 MiB), so the copy runs from memory."""
     import torch
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        source = torch.ones(_beyond_cache_bytes() // 4)
-        target = torch.empty_like(source)
-        target.copy_(source)  # first touch: page faults are not bandwidth
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            target.copy_(source)
-            best = min(best, time.perf_counter() - start)
-        return 2 * source.nbytes / best
-    finally:
-        torch.set_num_threads(previous)
+    source = torch.ones(_beyond_cache_bytes() // 4)
+    target = torch.empty_like(source)  # first touched by the untimed copy
+    return 2 * source.nbytes / _best_seconds(lambda: target.copy_(source), threads, repeats)
 
 
 def read_bandwidth(threads: int, repeats: int = 5) -> float:
@@ -165,17 +154,26 @@ def read_bandwidth(threads: int, repeats: int = 5) -> float:
     offset = -raw.data_ptr() % HUGE_PAGE
     advise(raw.data_ptr() + offset, nbytes, MADV_HUGEPAGE)  # before the first write
     values = raw[offset : offset + nbytes].view(torch.float32)
+    values.uniform_()
+    advise(values.data_ptr(), nbytes, MADV_COLLAPSE)  # where huge pages came too late
+    return nbytes / _best_seconds(values.sum, threads, repeats)
+
+
+def _best_seconds(step, threads: int, repeats: int) -> float:
+    """The fastest of `repeats` timed calls of `step` on `threads` torch threads, after one
+    untimed call (first touches and page faults are not bandwidth)."""
+    import torch
+
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        values.uniform_()
-        advise(values.data_ptr(), nbytes, MADV_COLLAPSE)  # where huge pages came too late
+        step()
         best = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
-            values.sum()
+            step()
             best = min(best, time.perf_counter() - start)
-        return nbytes / best
+        return best
     finally:
         torch.set_num_threads(previous)
 
